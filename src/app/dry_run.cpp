@@ -1,0 +1,99 @@
+// Dry run (see dry_run.hpp).
+#include "app/dry_run.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "app/launch.hpp"
+#include "compile/compile.hpp"
+#include "ir/dump.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+std::string directive_text(const Directive& d) {
+  std::string s = d.describe() + ":";
+  if (d.op == "split") s += cat(" count = ", d.count);
+  else if (d.op == "place") {
+    s += " filter = " + d.filter.str() + ", devices = [";
+    for (size_t i = 0; i < d.devices.size(); ++i) s += cat(i ? ", " : "", d.devices[i]);
+    s += "]";
+  } else if (d.op == "replicate") {
+    s += cat(" filter = ", d.filter.str(), ", zero = ", d.zero, ", bucket_mb = ", d.bucket_mb, ", stream = \"", d.stream, "\"");
+  } else if (d.op == "schedule") {
+    s += cat(" kind = \"", d.kind, "\"");
+  } else if (d.op == "order") {
+    for (size_t i = 0; i < d.slots.size(); ++i) {
+      s += i ? " ->" : "";
+      for (size_t j = 0; j < d.slots[i].size(); ++j) {
+        const Filter& f = d.slots[i][j];
+        std::string pass, rest;
+        for (const auto& [k, m] : f.match) {
+          if (k == "PASS") pass = m.name;
+          else rest += cat(rest.empty() ? "" : ",", k, "=", m.kind == TagMatch::Kind::Int ? std::to_string(m.value) : "*");
+        }
+        s += cat(j ? " + " : " ", pass.empty() ? "*" : pass, "[", rest, "]");
+      }
+    }
+  }
+  return s;
+}
+
+void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream out(p);
+  out << text;
+  if (!out) throw SystemError(cat("cannot write ", p.string()));
+}
+
+}  // namespace
+
+int dry_run(const CliOptions& opts, int world_size) {
+  JobSpec spec = load_and_check(opts);
+  const int world = opts.world > 0 ? opts.world : world_size;
+  CompileResult result;
+  compile_job(spec, world, result);
+  const Graph& g = result.graph;
+  std::printf("dry run of '%s' for %d rank%s: compiled in %.3f s\n", spec.job.name.c_str(), world, world == 1 ? "" : "s",
+              result.seconds);
+  std::printf("model: %s, %lld parameters, %zu segments; %zu regions, %zu device sets, %d microbatches of %d samples\n",
+              spec.model.kind.c_str(), static_cast<long long>(result.model.n_params()), result.model.segments.size(),
+              g.regions.size(), g.sets.size(), g.microbatches, g.samples_per_microbatch);
+  std::printf("graph: %zu nodes\n", g.live_nodes());
+  std::printf("%5s %8s %13s %12s %14s   peak by kind (MiB): params grads optim activations comm workspace\n", "set",
+              "ranks", "instructions", "plan bytes", "est. peak MiB");
+  uint64_t total_bytes = 0;
+  for (size_t s = 0; s < result.bodies.size(); ++s) {
+    const Plan& p = result.bodies[s];
+    size_t bytes = serialize_plan(p).size();
+    total_bytes += bytes * p.sets[s].size();
+    std::printf("%5zu %8zu %13zu %12zu %14.2f  ", s, p.sets[s].size(), p.instrs.size(), bytes,
+                double(p.memory.peak_total) / 1048576.0);
+    for (int k = 0; k < kBufferKinds; ++k) std::printf(" %.2f", double(p.memory.peak_by_kind[k]) / 1048576.0);
+    std::printf("\n");
+  }
+  std::printf("plan bytes sent to all ranks: %llu; compile time %.3f s\n", static_cast<unsigned long long>(total_bytes),
+              result.seconds);
+  std::printf("directives:\n");
+  for (const auto& d : result.applied) std::printf("  %s\n", directive_text(d).c_str());
+  if (!opts.dump_plan.empty()) {
+    std::filesystem::path dir(opts.dump_plan);
+    std::filesystem::create_directories(dir);
+    write_file(dir / "graph.txt", graph_to_text(g));
+    write_file(dir / "graph.dot", graph_to_dot(g));
+    std::string dirs;
+    for (const auto& d : result.applied) dirs += directive_text(d) + "\n";
+    write_file(dir / "directives.txt", dirs);
+    for (size_t s = 0; s < result.bodies.size(); ++s) {
+      Plan bound = bind_plan(result.bodies[s], result.bodies[s].sets[s][0]);
+      write_file(dir / cat("plan_set", s, ".txt"), plan_to_text(bound));
+    }
+    std::printf("wrote graph.txt, graph.dot, directives.txt and %zu plan files to %s\n", result.bodies.size(),
+                dir.string().c_str());
+  }
+  return 0;
+}
+
+}  // namespace piper

@@ -1,0 +1,148 @@
+// Training loop (see train.hpp).
+#include "app/train.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "backend/backend.hpp"
+#include "ckpt/checkpoint.hpp"
+#include "runtime/executor.hpp"
+#include "util/error.hpp"
+#include "util/mpi_check.hpp"
+#include "util/timer.hpp"
+
+namespace piper {
+
+namespace {
+
+// Compute threads per rank: the job's setting, or this node's cores divided by its ranks.
+int resolve_threads(int configured, MPI_Comm world, int* local_rank) {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_rank(node, local_rank);
+  MPI_Comm_free(&node);
+  if (configured > 0) return configured;
+  cpu_set_t set;
+  int cores = int(std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  return std::max(1, cores / std::max(1, local));
+}
+
+std::string broadcast_string(std::string s, MPI_Comm world) {
+  int n = int(s.size());
+  MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, world));
+  s.resize(size_t(n));
+  MPI_CHECK(MPI_Bcast(s.data(), n, MPI_CHAR, 0, world));
+  return s;
+}
+
+void print_memory(Executor& ex, MPI_Comm world) {
+  const Plan& plan = ex.plan();
+  MemoryStats st = ex.buffers().stats();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  // per rank: measured peak by kind, then estimated peak by kind
+  std::vector<double> mine(2 * kBufferKinds);
+  for (int k = 0; k < kBufferKinds; ++k) {
+    mine[size_t(k)] = double(st.peak_by_kind[k]);
+    mine[size_t(kBufferKinds + k)] = double(plan.memory.peak_by_kind[k]);
+  }
+  std::vector<double> all(rank == 0 ? mine.size() * size_t(size) : 0);
+  MPI_CHECK(MPI_Gather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE, 0, world));
+  if (rank != 0) return;
+  std::printf("memory per rank, MiB measured (estimated):\n");
+  std::printf("%6s", "rank");
+  for (int k = 0; k < kBufferKinds; ++k) std::printf(" %22s", buffer_kind_name(BufferKind(k)));
+  std::printf(" %22s\n", "total");
+  for (int r = 0; r < size; ++r) {
+    const double* v = &all[size_t(r) * mine.size()];
+    double mt = 0, et = 0;
+    std::printf("%6d", r);
+    for (int k = 0; k < kBufferKinds; ++k) {
+      std::printf(" %11.2f (%8.2f)", v[k] / 1048576.0, v[kBufferKinds + k] / 1048576.0);
+      mt += v[k];
+      et += v[kBufferKinds + k];
+    }
+    std::printf(" %11.2f (%8.2f)\n", mt / 1048576.0, et / 1048576.0);
+  }
+}
+
+}  // namespace
+
+int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  int local_rank = 0;
+  const int threads = resolve_threads(plan.threads, world, &local_rank);
+  std::unique_ptr<Backend> backend = make_backend(plan.backend, threads, local_rank);
+  Executor ex(plan, *backend, world);
+  ex.init_parameters();
+
+  int64_t start = 0;
+  if (!opts.resume.empty()) {
+    std::string path;
+    if (rank == 0) {
+      path = opts.resume == "auto" ? latest_checkpoint(plan.checkpoint_dir) : opts.resume;
+      if (opts.resume == "auto" && path.empty())
+        std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
+    }
+    path = broadcast_string(path, world);
+    if (!path.empty()) {
+      start = load_checkpoint(ex, path);
+      if (rank == 0) std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(start));
+    }
+  }
+  const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;
+  std::ofstream metrics;
+  if (rank == 0 && !opts.metrics.empty()) {
+    metrics.open(opts.metrics, start > 0 ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw SystemError(cat("--metrics: cannot open '", opts.metrics, "' for writing"));
+  }
+  if (rank == 0)
+    std::printf("%s: %d rank%s, %s backend, %d thread%s per rank, steps %lld..%lld\n", plan.job_name.c_str(), plan.world,
+                plan.world == 1 ? "" : "s", backend->name().c_str(), threads, threads == 1 ? "" : "s",
+                static_cast<long long>(start), static_cast<long long>(end));
+  const double tokens_per_step = double(plan.data.batch) * plan.dims.rows_per_sample();
+  int64_t last_saved = -1;
+  for (int64_t step = start; step < end; ++step) {
+    double t0 = now_seconds();
+    StepMetrics m = ex.run_step(step);
+    double dt = now_seconds() - t0;
+    if (rank == 0) {
+      if ((step + 1) % plan.log_every == 0 || step + 1 == end)
+        std::printf("step %6lld | loss %.6f | lr %.3e | %10.0f tok/s | %8.2f ms\n", static_cast<long long>(step + 1),
+                    m.loss, m.lr, tokens_per_step / dt, dt * 1e3);
+      std::fflush(stdout);
+      if (metrics.is_open()) {
+        char line[256];
+        std::snprintf(line, sizeof(line),
+                      "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
+                      "\"ms\": %.6g}\n",
+                      static_cast<long long>(step + 1), m.loss, m.lr, m.grad_norm, tokens_per_step / dt, dt * 1e3);
+        metrics << line << std::flush;
+      }
+    }
+    if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
+      save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
+      if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+      last_saved = step + 1;
+    }
+  }
+  if (!plan.checkpoint_dir.empty() && end > start && last_saved != end) {
+    save_checkpoint(ex, end, plan.checkpoint_dir, world);
+    if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+  }
+  if (!plan.checkpoint_dir.empty() && rank == 0 && end > start)
+    std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
+  print_memory(ex, world);
+  return 0;
+}
+
+}  // namespace piper

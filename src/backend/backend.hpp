@@ -1,0 +1,73 @@
+// The backend interface: device memory, compute kernels, streams and communicators. The executor drives
+// any backend through this; CPU (OpenBLAS + MPI) and CUDA (cuBLAS + NCCL) implement it.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "backend/kernels.hpp"
+
+namespace piper {
+
+// An operation that was posted and completes later. test() makes progress and says whether it is done.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  virtual bool test() = 0;
+};
+
+// Where a stream's work is issued. On CPU the calling thread; on CUDA a cudaStream_t.
+class StreamContext {
+ public:
+  virtual ~StreamContext() = default;
+};
+
+// Collectives and point-to-point transfers of one group (fp32, sum). Every call is non-blocking.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // buf(count) = Σ over the group, in place.
+  virtual std::unique_ptr<CommHandle> all_reduce(float* buf, size_t count, StreamContext* s) = 0;
+  // dst(count) = Σ over the group of src[rank·count, (rank+1)·count); src holds size()·count.
+  virtual std::unique_ptr<CommHandle> reduce_scatter(const float* src, float* dst, size_t count, StreamContext* s) = 0;
+  // dst(size()·count) = concatenation of every rank's src(count). src == nullptr: in place, each rank's
+  // contribution already at dst + rank·count.
+  virtual std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) = 0;
+  // Point-to-point with a peer given as a world rank.
+  virtual std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer_world_rank, int tag,
+                                           StreamContext* s) = 0;
+  virtual std::unique_ptr<CommHandle> recv(float* buf, size_t count, int peer_world_rank, int tag,
+                                           StreamContext* s) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Kernels& kernels() = 0;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p, size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  // A stream for one executor thread; bind() makes it current on the calling thread.
+  virtual std::unique_ptr<StreamContext> make_stream(const std::string& name) = 0;
+  virtual void bind(StreamContext* s) = 0;
+  // Device-side ordering between streams (no-ops where work is synchronous).
+  virtual void record(StreamContext* s, int event) = 0;
+  virtual void wait(StreamContext* s, int event) = 0;
+  virtual void prepare_events(int count) = 0;
+  virtual void synchronize(StreamContext* s) = 0;
+  // Communicator over the members of `comm` (created collectively by them). Point-to-point peers
+  // are world ranks; `world` translates.
+  virtual std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) = 0;
+  // Backend-sized scratch for attention backward, in floats.
+  virtual size_t attention_scratch_floats(int samples, int T, int C, int NH) = 0;
+};
+
+// Creates the backend named in the plan ("cpu" or "cuda") with `threads` compute threads per rank.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank);
+
+}  // namespace piper

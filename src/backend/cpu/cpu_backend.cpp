@@ -1,0 +1,128 @@
+// The CPU backend: 64-byte aligned host memory, synchronous streams (each executor thread runs its own
+// work), OpenBLAS kernels, and MPI communicators with non-blocking collectives and point-to-point.
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cpu/cpu_kernels.hpp"
+#include "util/error.hpp"
+#include "util/mpi_check.hpp"
+
+
+namespace piper {
+
+namespace {
+
+class MpiHandle final : public CommHandle {
+ public:
+  explicit MpiHandle(MPI_Request r) : req_(r) {}
+  ~MpiHandle() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Request_free(&req_);
+  }
+  bool test() override {
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  }
+
+ private:
+  MPI_Request req_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, MPI_Comm world) : comm_(comm) {
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Group g, wg;
+    MPI_Comm_group(comm_, &g);
+    MPI_Comm_group(world, &wg);
+    // world rank → rank in this communicator, for point-to-point peers
+    int wsize = 0;
+    MPI_Comm_size(world, &wsize);
+    std::vector<int> wr(static_cast<size_t>(wsize)), cr(static_cast<size_t>(wsize));
+    for (int i = 0; i < wsize; ++i) wr[size_t(i)] = i;
+    MPI_Group_translate_ranks(wg, wsize, wr.data(), g, cr.data());
+    to_local_ = cr;
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
+  }
+  ~MpiCommunicator() override { MPI_Comm_free(&comm_); }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+
+  std::unique_ptr<CommHandle> all_reduce(float* buf, size_t count, StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+  std::unique_ptr<CommHandle> reduce_scatter(const float* src, float* dst, size_t count, StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Ireduce_scatter_block(src, dst, int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+  std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallgather(src ? static_cast<const void*>(src) : MPI_IN_PLACE, int(count), MPI_FLOAT, dst, int(count),
+                             MPI_FLOAT, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+  std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer, int tag, StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Isend(buf, int(count), MPI_FLOAT, local(peer), tag, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+  std::unique_ptr<CommHandle> recv(float* buf, size_t count, int peer, int tag, StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Irecv(buf, int(count), MPI_FLOAT, local(peer), tag, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+
+ private:
+  int local(int world_rank) const {
+    int l = to_local_[size_t(world_rank)];
+    PIPER_CHECK(l != MPI_UNDEFINED, "world rank ", world_rank, " is not in this communicator");
+    return l;
+  }
+  MPI_Comm comm_;
+  int size_ = 1, rank_ = 0;
+  std::vector<int> to_local_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : kernels_(threads) {}
+  std::string name() const override { return "cpu"; }
+  Kernels& kernels() override { return kernels_; }
+  void* allocate(size_t bytes) override {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) throw SystemError(cat("out of host memory allocating ", bytes, " bytes"));
+    return p;
+  }
+  void release(void* p, size_t) override { std::free(p); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  std::unique_ptr<StreamContext> make_stream(const std::string&) override { return std::make_unique<StreamContext>(); }
+  void bind(StreamContext*) override {}
+  void record(StreamContext*, int) override {}
+  void wait(StreamContext*, int) override {}
+  void prepare_events(int) override {}
+  void synchronize(StreamContext*) override {}
+  std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) override {
+    return std::make_unique<MpiCommunicator>(comm, world);
+  }
+  size_t attention_scratch_floats(int samples, int T, int C, int NH) override {
+    return kernels_.attention_scratch_floats(samples, T, C, NH);
+  }
+
+ private:
+  CpuKernels kernels_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace piper

@@ -1,0 +1,409 @@
+// CPU compute primitives. Matmuls go to OpenBLAS cblas_sgemm (single-threaded per call, blocks of the
+// output split across OpenMP threads); elementwise work is fused and written to vectorize (vec_math.hpp).
+#include "backend/cpu/cpu_kernels.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/vec_math.hpp"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace piper {
+
+namespace {
+
+// Runs fn(begin, end) over [0, n) in `chunks` fixed pieces, on up to `threads` threads.
+// Fixed chunk boundaries keep reductions independent of scheduling.
+template <typename Fn>
+void for_chunks(size_t n, size_t chunks, int threads, Fn fn) {
+  if (n == 0) return;
+  chunks = std::max<size_t>(1, std::min(chunks, n));
+  if (threads <= 1 || chunks == 1) {
+    for (size_t c = 0; c < chunks; ++c) fn(c, n * c / chunks, n * (c + 1) / chunks);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (size_t c = 0; c < chunks; ++c) fn(c, n * c / chunks, n * (c + 1) / chunks);
+}
+
+// Splits elementwise work into about one piece per thread when it is big enough to be worth it.
+template <typename Fn>
+void for_range(size_t n, int threads, Fn fn) {
+  size_t pieces = n < 32768 ? 1 : size_t(threads);
+  for_chunks(n, pieces, threads, [&](size_t, size_t b, size_t e) { fn(b, e); });
+}
+
+constexpr size_t kReduceChunks = 64;
+
+}  // namespace
+
+void sgemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                    const float* B, int ldb, float beta, float* C, int ldc, int threads) {
+  auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  double flops = 2.0 * M * N * K;
+  if (threads <= 1 || flops < 4e6) {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  if (M >= N) {  // split rows of C: op(A) rows
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; ++t) {
+      int r0 = int(int64_t(M) * t / threads), r1 = int(int64_t(M) * (t + 1) / threads);
+      if (r1 <= r0) continue;
+      const float* a = trans_a ? A + r0 : A + int64_t(r0) * lda;
+      cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, C + int64_t(r0) * ldc, ldc);
+    }
+  } else {  // split columns of C: op(B) columns
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; ++t) {
+      int c0 = int(int64_t(N) * t / threads), c1 = int(int64_t(N) * (t + 1) / threads);
+      if (c1 <= c0) continue;
+      const float* b = trans_b ? B + int64_t(c0) * ldb : B + c0;
+      cblas_sgemm(CblasRowMajor, ta, tb, M, c1 - c0, K, alpha, A, lda, b, ldb, beta, C + c0, ldc);
+    }
+  }
+}
+
+CpuKernels::CpuKernels(int threads) : threads_(std::max(1, threads)) { openblas_set_num_threads(1); }
+
+void CpuKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
+  if (b) {
+    for_range(size_t(N), threads_, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) std::memcpy(y + r * OC, b, sizeof(float) * OC);
+    });
+  }
+  sgemm_parallel(false, true, N, OC, C, 1.f, x, C, w, C, b ? 1.f : 0.f, y, OC, threads_);
+}
+
+void CpuKernels::linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N,
+                                     int C, int OC) {
+  // Each thread multiplies its block of rows, then applies GELU while the block is still in cache.
+  int nt = (double(N) * OC * C < 2e6) ? 1 : threads_;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int t = 0; t < nt; ++t) {
+    int r0 = int(int64_t(N) * t / nt), r1 = int(int64_t(N) * (t + 1) / nt);
+    if (r1 <= r0) continue;
+    float* p = pre + int64_t(r0) * OC;
+    float* __restrict out = y + int64_t(r0) * OC;
+    if (b)
+      for (int r = r0; r < r1; ++r) std::memcpy(pre + int64_t(r) * OC, b, sizeof(float) * OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.f, x + int64_t(r0) * C, C, w, C,
+                b ? 1.f : 0.f, p, OC);
+    const float* __restrict in = p;
+    size_t n = size_t(r1 - r0) * OC;
+    for (size_t i = 0; i < n; ++i) out[i] = vec::gelu(in[i]);
+  }
+}
+
+void CpuKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+                                       bool accumulate) {
+  sgemm_parallel(false, false, N, C, OC, 1.f, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C, threads_);
+}
+
+void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+                                        bool accumulate) {
+  sgemm_parallel(true, false, OC, C, N, 1.f, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C, threads_);
+  if (!db) return;
+  for_chunks(size_t(OC), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+    float* __restrict out = db;
+    if (!accumulate)
+      for (size_t c = c0; c < c1; ++c) out[c] = 0.f;
+    for (int r = 0; r < N; ++r) {
+      const float* __restrict row = dy + int64_t(r) * OC;
+      for (size_t c = c0; c < c1; ++c) out[c] += row[c];
+    }
+  });
+}
+
+void CpuKernels::gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) {
+  for_range(n, threads_, [&](size_t b, size_t e) {
+    float* out = dpre;  // may alias dy: each element is read before it is written
+    const float* g = dy;
+    const float* __restrict x = pre;
+    for (size_t i = b; i < e; ++i) out[i] = g[i] * vec::gelu_grad(x[i]);
+  });
+}
+
+void CpuKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                                   const float* b, int N, int C) {
+  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r) {
+      const float* __restrict xr = x + r * C;
+      float* __restrict yr = y + r * C;
+      float s = 0.f;
+      for (int i = 0; i < C; ++i) s += xr[i];
+      float m = s / C;
+      float v = 0.f;
+      for (int i = 0; i < C; ++i) {
+        float d = xr[i] - m;
+        v += d * d;
+      }
+      float rs = 1.0f / std::sqrt(v / C + 1e-5f);
+      for (int i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+  });
+}
+
+void CpuKernels::layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
+                                          const float* rstd, const float* w, int N, int C, bool accumulate) {
+  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r) {
+      const float* __restrict xr = x + r * C;
+      const float* __restrict gr = dy + r * C;
+      float* __restrict dr = dx + r * C;
+      const float m = mean[r], rs = rstd[r];
+      float sum_g = 0.f, sum_gx = 0.f;
+      for (int i = 0; i < C; ++i) {
+        float g = gr[i] * w[i];
+        sum_g += g;
+        sum_gx += g * (xr[i] - m) * rs;
+      }
+      sum_g /= C;
+      sum_gx /= C;
+      if (accumulate)
+        for (int i = 0; i < C; ++i) dr[i] += (gr[i] * w[i] - sum_g - (xr[i] - m) * rs * sum_gx) * rs;
+      else
+        for (int i = 0; i < C; ++i) dr[i] = (gr[i] * w[i] - sum_g - (xr[i] - m) * rs * sum_gx) * rs;
+    }
+  });
+}
+
+void CpuKernels::layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                           const float* rstd, int N, int C, bool accumulate) {
+  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+    float* __restrict gw = dw;
+    float* __restrict gb = db;
+    if (!accumulate)
+      for (size_t c = c0; c < c1; ++c) gw[c] = gb[c] = 0.f;
+    for (int r = 0; r < N; ++r) {
+      const float* __restrict xr = x + int64_t(r) * C;
+      const float* __restrict gr = dy + int64_t(r) * C;
+      const float m = mean[r], rs = rstd[r];
+      for (size_t c = c0; c < c1; ++c) {
+        gw[c] += gr[c] * (xr[c] - m) * rs;
+        gb[c] += gr[c];
+      }
+    }
+  });
+}
+
+void CpuKernels::attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hd = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int64_t C3 = 3 * int64_t(C);
+  int nt = std::min(threads_, B * NH);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    const float* q = qkv + int64_t(b) * T * C3 + h * hd;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* S = att + int64_t(bh) * T * T;  // (T,T)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, int(C3), k, int(C3), 0.f, S, T);
+    for (int t = 0; t < T; ++t) {
+      float* __restrict row = S + int64_t(t) * T;
+      float mx = row[0];
+      for (int j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
+      float sum = 0.f;
+      for (int j = 0; j <= t; ++j) {
+        row[j] = vec::exp_approx(row[j] - mx);
+        sum += row[j];
+      }
+      float inv = 1.0f / sum;
+      for (int j = 0; j <= t; ++j) row[j] *= inv;
+      for (int j = t + 1; j < T; ++j) row[j] = 0.f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.f, S, T, v, int(C3), 0.f,
+                y + int64_t(b) * T * C + h * hd, C);
+  }
+}
+
+size_t CpuKernels::attention_scratch_floats(int, int T, int, int) const { return size_t(threads_) * T * T; }
+
+void CpuKernels::attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
+                                    int B, int T, int C, int NH) {
+  const int hd = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int64_t C3 = 3 * int64_t(C);
+  int nt = std::min(threads_, B * NH);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    float* dP = scratch + int64_t(omp_get_thread_num()) * T * T;  // (T,T)
+    const float* q = qkv + int64_t(b) * T * C3 + h * hd;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv + int64_t(b) * T * C3 + h * hd;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* P = att + int64_t(bh) * T * T;
+    const float* dY = dy + int64_t(b) * T * C + h * hd;
+    // dP = dY · V^T; dV = P^T · dY
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.f, dY, C, v, int(C3), 0.f, dP, T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.f, P, T, dY, C, 0.f, dv, int(C3));
+    // dS = P ⊙ (dP − Σ_j P dP), causal
+    for (int t = 0; t < T; ++t) {
+      const float* __restrict p = P + int64_t(t) * T;
+      float* __restrict d = dP + int64_t(t) * T;
+      float dot = 0.f;
+      for (int j = 0; j <= t; ++j) dot += p[j] * d[j];
+      for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
+      for (int j = t + 1; j < T; ++j) d[j] = 0.f;
+    }
+    // dQ = dS · K · scale; dK = dS^T · Q · scale
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dP, T, k, int(C3), 0.f, dq, int(C3));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, dP, T, q, int(C3), 0.f, dk, int(C3));
+  }
+}
+
+void CpuKernels::embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
+                                   int C) {
+  for_range(size_t(B) * T * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r) {
+      const float* __restrict te = wte + int64_t(tok[r]) * C;
+      const float* __restrict pe = wpe + int64_t(r % T) * C;
+      float* __restrict out = x + r * C;
+      for (int i = 0; i < C; ++i) out[i] = te[i] + pe[i];
+    }
+  });
+}
+
+void CpuKernels::embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T,
+                                    int C, int V, bool accumulate_wte, bool accumulate_wpe) {
+  // Columns are split across threads, so repeated tokens never race; row order is fixed.
+  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+    if (!accumulate_wpe)
+      for (int t = 0; t < T; ++t)
+        for (size_t c = c0; c < c1; ++c) dwpe[int64_t(t) * C + c] = 0.f;
+    if (!accumulate_wte)
+      for (int t = 0; t < V; ++t)
+        for (size_t c = c0; c < c1; ++c) dwte[int64_t(t) * C + c] = 0.f;
+    for (int64_t r = 0; r < int64_t(B) * T; ++r) {
+      const float* __restrict g = dx + r * C;
+      float* __restrict te = dwte + int64_t(tok[r]) * C;
+      float* __restrict pe = dwpe + (r % T) * C;
+      for (size_t c = c0; c < c1; ++c) {
+        te[c] += g[c];
+        pe[c] += g[c];
+      }
+    }
+  });
+}
+
+void CpuKernels::softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets,
+                                      int N, int V, float scale) {
+  double partial[kReduceChunks] = {0};
+  for_chunks(size_t(N), kReduceChunks, threads_, [&](size_t chunk, size_t r0, size_t r1) {
+    double acc = 0;
+    for (size_t r = r0; r < r1; ++r) {
+      const float* lr = logits + r * V;  // may alias probs
+      float* pr = probs + r * V;
+      float mx = lr[0];
+      for (int i = 1; i < V; ++i) mx = std::max(mx, lr[i]);
+      const float target_logit = lr[targets[r]];
+      float sum = 0.f;
+      for (int i = 0; i < V; ++i) {
+        pr[i] = vec::exp_approx(lr[i] - mx);
+        sum += pr[i];
+      }
+      float inv = 1.0f / sum;
+      for (int i = 0; i < V; ++i) pr[i] *= inv;
+      acc += double(std::log(sum)) - double(target_logit - mx);
+    }
+    partial[chunk] = acc;
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  *loss_sum += double(scale) * total;
+}
+
+void CpuKernels::softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
+                                       float scale) {
+  for_range(size_t(N) * V, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / V; r < e1 / V; ++r) {
+      const float* pr = probs + r * V;  // may alias dlogits
+      float* dr = dlogits + r * V;
+      for (int i = 0; i < V; ++i) dr[i] = scale * pr[i];
+      dr[targets[r]] -= scale;
+    }
+  });
+}
+
+void CpuKernels::add(float* y, const float* a, const float* b, size_t n) {
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    float* __restrict out = y;
+    const float* __restrict x0 = a;
+    const float* __restrict x1 = b;
+    for (size_t i = e0; i < e1; ++i) out[i] = x0[i] + x1[i];
+  });
+}
+
+void CpuKernels::accumulate(float* y, const float* x, size_t n) {
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    float* __restrict out = y;
+    const float* __restrict in = x;
+    for (size_t i = e0; i < e1; ++i) out[i] += in[i];
+  });
+}
+
+void CpuKernels::fill(float* y, float value, size_t n) {
+  for_range(n, threads_, [&](size_t e0, size_t e1) { std::fill(y + e0, y + e1, value); });
+}
+
+void CpuKernels::copy(void* dst, const void* src, size_t bytes) {
+  if (dst != src) std::memcpy(dst, src, bytes);
+}
+
+void CpuKernels::sum_squares(double* acc, const float* x, size_t n) {
+  double partial[kReduceChunks] = {0};
+  for_chunks(n, kReduceChunks, threads_, [&](size_t chunk, size_t b, size_t e) {
+    const float* __restrict in = x;
+    double s = 0;
+    // float partials over 1024 elements keep it vectorized; doubles across blocks keep it accurate
+    for (size_t i = b; i < e; i += 1024) {
+      size_t end = std::min(e, i + 1024);
+      float f = 0.f;
+      for (size_t j = i; j < end; ++j) f += in[j] * in[j];
+      s += f;
+    }
+    partial[chunk] = s;
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  *acc += total;
+}
+
+void CpuKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& a) {
+  // Same arithmetic as torch.optim.AdamW (non-fused): decay, moments, bias-corrected step.
+  const float bc1 = 1.0f - float(std::pow(double(a.beta1), double(a.step)));
+  const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))));
+  const float step_size = a.lr / bc1;
+  const float decay = 1.0f - a.lr * a.weight_decay;
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    float* __restrict p = param;
+    const float* __restrict g = grad;
+    float* __restrict mm = m;
+    float* __restrict vv = v;
+    for (size_t i = e0; i < e1; ++i) {
+      float gi = g[i] * a.grad_scale;
+      mm[i] = a.beta1 * mm[i] + (1.0f - a.beta1) * gi;
+      vv[i] = a.beta2 * vv[i] + (1.0f - a.beta2) * gi * gi;
+      float denom = std::sqrt(vv[i]) / bc2_sqrt + a.eps;
+      p[i] = p[i] * decay - step_size * mm[i] / denom;
+    }
+  });
+}
+
+void CpuKernels::upload(void* dst, const void* host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
+void CpuKernels::download(void* host_dst, const void* src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
+
+}  // namespace piper

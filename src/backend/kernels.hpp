@@ -1,0 +1,81 @@
+// The compute primitives a backend provides (fp32). Layers are composed from these in src/layers;
+// every pointer is device memory of the backend. Shapes are row-major and written next to each call.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace piper {
+
+struct AdamWArgs {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  float grad_scale = 1;  // gradient clipping coefficient, applied before the moments
+  int64_t step = 1;      // 1-based step for bias correction
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null.
+  virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) = 0;
+  // pre(N,OC) = x · w^T + b; y(N,OC) = gelu_tanh(pre). Fused: one pass over pre.
+  virtual void linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N,
+                                   int C, int OC) = 0;
+  // dx(N,C) (+)= dy(N,OC) · w(OC,C)
+  virtual void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+                                     bool accumulate) = 0;
+  // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null.
+  virtual void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+                                      bool accumulate) = 0;
+  // dpre(n) = dy(n) * gelu_tanh'(pre(n)); dpre may alias dy.
+  virtual void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) = 0;
+
+  // y(N,C) = (x - mean) * rstd * w + b; mean(N), rstd(N) kept for backward.
+  virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                 int N, int C) = 0;
+  // dx(N,C) (+)= d/dx of layernorm given dy(N,C)
+  virtual void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
+                                        const float* rstd, const float* w, int N, int C, bool accumulate) = 0;
+  // dw(C), db(C) (+)= Σ_rows dy * xhat, Σ_rows dy
+  virtual void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                         const float* rstd, int N, int C, bool accumulate) = 0;
+
+  // Causal multi-head self-attention. qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) keeps the probabilities.
+  virtual void attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
+  // dqkv(B,T,3C) = backward of attention given dy(B,T,C). scratch: attention_scratch_floats(...) floats.
+  virtual void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
+                                  int B, int T, int C, int NH) = 0;
+  virtual size_t attention_scratch_floats(int B, int T, int C, int NH) const = 0;
+
+  // x(B,T,C) = wte[tok] + wpe[t]; tok(B,T).
+  virtual void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
+                                 int C) = 0;
+  // dwte(V,C) (+)= scatter of dx rows by token; dwpe(T,C) (+)= Σ_b dx. Each gradient has its own flag.
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C,
+                                  int V, bool accumulate_wte, bool accumulate_wpe) = 0;
+
+  // probs(N,V) = softmax(logits); *loss_sum += scale * Σ_rows -log probs[target]. loss_sum is device memory.
+  // probs may alias logits (in place).
+  virtual void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets,
+                                    int N, int V, float scale) = 0;
+  // dlogits(N,V) = scale * (probs - onehot(targets)); dlogits may alias probs.
+  virtual void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
+                                     float scale) = 0;
+
+  // y(n) = a + b
+  virtual void add(float* y, const float* a, const float* b, size_t n) = 0;
+  // y(n) += x
+  virtual void accumulate(float* y, const float* x, size_t n) = 0;
+  virtual void fill(float* y, float value, size_t n) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // *acc += Σ x² (acc is device memory)
+  virtual void sum_squares(double* acc, const float* x, size_t n) = 0;
+  // AdamW with decoupled weight decay on n elements.
+  virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) = 0;
+
+  // Host ↔ device copies (plain memcpy on CPU).
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+};
+
+}  // namespace piper

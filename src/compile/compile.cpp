@@ -1,0 +1,72 @@
+// Compiler driver: model, graph, passes, lowering, verification; and per-rank binding of plan bodies.
+#include "compile/compile.hpp"
+
+#include "ir/build.hpp"
+#include "passes/passes.hpp"
+#include "model/build.hpp"
+#include "util/error.hpp"
+#include "util/timer.hpp"
+
+namespace piper {
+
+void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
+  p.job_name = spec.job.name;
+  p.job_text = spec.text;
+  p.backend = spec.job.backend;
+  p.seed = spec.job.seed;
+  p.steps = spec.job.steps;
+  p.log_every = spec.job.log_every;
+  p.checkpoint_dir = spec.checkpoint.dir;
+  p.checkpoint_every = spec.checkpoint.every;
+  p.checkpoint_keep = spec.checkpoint.keep;
+  p.threads = spec.job.threads;
+  p.optimizer = spec.optimizer;
+  const Model& m = *g.model;
+  DataConfig& d = p.data;
+  d.kind = m.dims.is_gpt() ? DataConfig::Kind::Tokens : DataConfig::Kind::Synthetic;
+  d.path = spec.data.path;
+  d.vocab = spec.model.vocab;
+  d.seq_len = spec.model.seq_len;
+  d.sequential = spec.data.sampler == "sequential";
+  d.seed = spec.job.seed;
+  d.batch = spec.data.batch;
+  d.d_in = spec.model.d_in;
+  d.n_classes = spec.model.n_classes;
+  p.dims = m.dims;
+  p.params = m.params;
+  p.segments = m.segments;
+  p.world = g.world;
+  p.sets.clear();
+  for (const auto& s : g.sets) p.sets.emplace_back(s.ranks.begin(), s.ranks.end());
+  p.microbatches = g.microbatches;
+  p.samples_per_replica = g.samples_per_microbatch * g.microbatches;
+}
+
+void compile_job(const JobSpec& spec, int world, CompileResult& out) {
+  double t0 = now_seconds();
+  out.model = build_model(spec.model);
+  out.graph = build_training_graph(out.model, spec, world);
+  out.applied = apply_directives(out.graph, spec);
+  out.bodies = lower(out.graph, spec);
+  out.seconds = now_seconds() - t0;
+}
+
+std::vector<int> rank_sets(const Graph& g) {
+  std::vector<int> of(static_cast<size_t>(g.world), -1);
+  for (size_t s = 0; s < g.sets.size(); ++s)
+    for (int r : g.sets[s].ranks) of[size_t(r)] = int(s);
+  return of;
+}
+
+Plan bind_plan(const Plan& body, int rank) {
+  Plan p = body;
+  p.rank = rank;
+  const auto& ranks = body.sets[size_t(body.set)];
+  p.replica = -1;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == rank) p.replica = int(i);
+  PIPER_CHECK(p.replica >= 0, "rank ", rank, " is not in device set ", body.set);
+  return p;
+}
+
+}  // namespace piper

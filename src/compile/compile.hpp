@@ -1,0 +1,39 @@
+// The compiler: job → model → training DAG → directive passes → one plan body per device set →
+// per-rank plans. Everything here runs on rank 0 only (or on one process for --dry-run --world N).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/job.hpp"
+#include "ir/graph.hpp"
+#include "model/model.hpp"
+#include "plan/plan.hpp"
+
+namespace piper {
+
+struct CompileResult {
+  Model model;
+  Graph graph;                      // after all passes (graph.model points into this struct: do not copy)
+  std::vector<Directive> applied;   // directives as applied, generated ones included
+  std::vector<Plan> bodies;         // one per device set; binding fields unset
+  double seconds = 0;               // wall time of compile (graph, passes, lowering, verification)
+  CompileResult() = default;
+  CompileResult(const CompileResult&) = delete;
+  CompileResult& operator=(const CompileResult&) = delete;
+};
+
+// `spec` must already have its [mesh] expanded (expand_mesh).
+void compile_job(const JobSpec& spec, int world, CompileResult& out);
+
+// Lowers the transformed graph to one plan body per device set.
+std::vector<Plan> lower(const Graph& g, const JobSpec& spec);
+
+// The plan of `rank`: its set's body plus the binding.
+Plan bind_plan(const Plan& body, int rank);
+// Device set of each rank.
+std::vector<int> rank_sets(const Graph& g);
+
+// Fills the job-wide part of a plan from the spec.
+void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g);
+
+}  // namespace piper

@@ -1,0 +1,491 @@
+// Lowering: for each device set, walks its node sequence and emits per-segment instructions with their
+// buffers — activations per boundary and microbatch, stashes, parameter buckets (full or sharded),
+// gradients, optimizer moments — then derives cross-stream waits, buffer uses and the memory estimate.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "compile/compile.hpp"
+#include "compile/finalize.hpp"
+#include "compile/sequence.hpp"
+#include "layers/layout.hpp"
+#include "layers/segments.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+class Lowerer {
+ public:
+  Lowerer(const Graph& g, const JobSpec& spec, int set) : g_(g), m_(*g.model), spec_(spec), set_(set) {
+    n_ = int(g.sets[size_t(set)].ranks.size());
+    b_ = g.samples_per_microbatch;
+  }
+
+  Plan run(const std::vector<int>& sequence) {
+    p_.set = set_;
+    stream_id("compute");
+    make_buckets();
+    make_workspace();
+    plan_segment_ops(sequence);
+    size_t next_op = 0;
+    for (int id : sequence) {
+      const Node& n = g_.nodes[size_t(id)];
+      if (is_compute(n.kind)) {
+        while (next_op < ops_.size() && ops_[next_op].node == id) {
+          issue_gathers(next_op);
+          if (next_op + 1 < ops_.size()) issue_gathers(next_op + 1);  // prefetch one use ahead
+          emit_compute(ops_[next_op]);
+          ++next_op;
+        }
+      } else {
+        emit_node(n);
+      }
+    }
+    PIPER_CHECK(next_op == ops_.size(), "lowering left compute unissued");
+    finalize_plan(p_);
+    return std::move(p_);
+  }
+
+ private:
+  struct SegOp {
+    int node;
+    int segment;
+  };
+
+  const Graph& g_;
+  const Model& m_;
+  const JobSpec& spec_;
+  int set_;
+  int n_;  // replicas in this set
+  int b_;  // samples per microbatch
+  Plan p_;
+  std::map<std::string, int> streams_;
+  std::map<std::tuple<char, int, int>, int> keyed_;
+  std::map<int, int> bucket_index_;     // graph bucket → plan bucket
+  std::vector<int> param_index_;        // model param → plan param (or -1)
+  std::vector<SegOp> ops_;
+  std::map<std::pair<int, int>, int> gather_node_;  // (compute node, graph bucket) → gather node
+  std::map<int, int> gather_buf_;                   // gather node → instance buffer
+  std::set<int> gathers_issued_;
+  std::set<std::pair<int, int>> grad_written_;      // (gradient buffer, model param)
+  std::set<int> shard_written_;                     // gradient shard buffers written this step
+
+  int stream_id(const std::string& name) {
+    auto it = streams_.find(name);
+    if (it != streams_.end()) return it->second;
+    int id = int(p_.streams.size());
+    p_.streams.push_back(name);
+    streams_[name] = id;
+    return id;
+  }
+
+  int group_id(const GroupRef& ref) {
+    for (size_t i = 0; i < p_.groups.size(); ++i)
+      if (p_.groups[i] == ref) return int(i);
+    p_.groups.push_back(ref);
+    return int(p_.groups.size()) - 1;
+  }
+
+  int new_buffer(uint64_t bytes, BufferKind kind, bool persistent, std::string name) {
+    PlanBuffer b;
+    b.bytes = bytes;
+    b.kind = kind;
+    b.persistent = persistent;
+    b.name = std::move(name);
+    p_.buffers.push_back(std::move(b));
+    return int(p_.buffers.size()) - 1;
+  }
+
+  int keyed_buffer(char tag, int a, int b, uint64_t bytes, BufferKind kind, const std::string& name) {
+    auto key = std::make_tuple(tag, a, b);
+    auto it = keyed_.find(key);
+    if (it != keyed_.end()) return it->second;
+    int id = new_buffer(bytes, kind, false, name);
+    keyed_[key] = id;
+    return id;
+  }
+
+  // ---------------------------------------------------------------- buckets and parameters
+  bool replicated(const Bucket& b) const {
+    const Region& r = g_.regions[size_t(b.region)];
+    return r.zero >= 0 && n_ > 1;
+  }
+
+  void make_buckets() {
+    param_index_.assign(m_.params.size(), -1);
+    for (size_t gb = 0; gb < g_.buckets.size(); ++gb) {
+      const Bucket& b = g_.buckets[gb];
+      const Region& r = g_.regions[size_t(b.region)];
+      if (r.device_set != set_) continue;
+      PlanBucket pb;
+      pb.region = b.region;
+      pb.numel = b.numel;
+      pb.tied_copy = b.tied_copy;
+      pb.zero = replicated(b) ? r.zero : -1;
+      pb.group_size = replicated(b) ? n_ : 1;
+      pb.padded = (b.numel + pb.group_size - 1) / pb.group_size * pb.group_size;
+      if (replicated(b)) {
+        pb.group = group_id({GroupRef::Kind::DeviceSet, {set_}, r.dp_stream});
+        pb.shard_optimizer = r.zero >= 1;
+        pb.shard_grads = r.zero >= 2;
+        pb.shard_params = r.zero >= 3;
+      }
+      const uint64_t full = uint64_t(pb.padded) * sizeof(float);
+      const uint64_t shard = full / uint64_t(pb.group_size);
+      const std::string nm = cat("bucket", gb);
+      if (pb.shard_params) {
+        pb.param_shard_buf = new_buffer(shard, BufferKind::Param, true, nm + ".param_shard");
+      } else {
+        pb.param_buf = new_buffer(full, BufferKind::Param, true, nm + ".param");
+      }
+      if (pb.shard_grads) {
+        pb.grad_shard_buf = new_buffer(shard, BufferKind::Grad, true, nm + ".grad_shard");
+      } else {
+        pb.grad_buf = new_buffer(full, BufferKind::Grad, true, nm + ".grad");
+        p_.buffers[size_t(pb.grad_buf)].zero_from = uint64_t(b.numel) * sizeof(float);
+      }
+      const uint64_t opt = pb.shard_optimizer ? shard : full;
+      pb.m_buf = new_buffer(opt, BufferKind::OptState, true, nm + ".adam_m");
+      pb.v_buf = new_buffer(opt, BufferKind::OptState, true, nm + ".adam_v");
+      bucket_index_[int(gb)] = int(p_.buckets.size());
+      int64_t offset = 0;
+      for (int param : b.params) {
+        PlanParam pp;
+        pp.model_param = param;
+        pp.bucket = int(p_.buckets.size());
+        pp.offset = offset;
+        pp.home = !b.tied_copy;
+        offset += m_.params[size_t(param)].numel;
+        param_index_[size_t(param)] = int(p_.plan_params.size());
+        p_.plan_params.push_back(pp);
+      }
+      p_.buckets.push_back(pb);
+    }
+  }
+
+  int graph_bucket_of_param(int param) const {
+    for (const auto& [gb, pbi] : bucket_index_)
+      for (int q : g_.buckets[size_t(gb)].params)
+        if (q == param) return gb;
+    PIPER_CHECK(false, "parameter ", m_.params[size_t(param)].name, " has no bucket on set ", set_);
+    return -1;
+  }
+
+  const PlanBucket& plan_bucket(int gb) const { return p_.buckets[size_t(bucket_index_.at(gb))]; }
+
+  int64_t shard_count(const PlanBucket& pb) const { return pb.padded / pb.group_size; }
+
+  // Gradient buffer a compute node of microbatch `mb` writes for bucket gb.
+  int grad_target(int gb, int mb) {
+    const PlanBucket& pb = plan_bucket(gb);
+    if (!pb.shard_grads) return pb.grad_buf;
+    int id = keyed_buffer('G', gb, mb, uint64_t(pb.padded) * sizeof(float), BufferKind::Grad,
+                          cat("bucket", gb, ".grad.mb", mb));
+    p_.buffers[size_t(id)].zero_from = uint64_t(pb.numel) * sizeof(float);
+    return id;
+  }
+
+  int param_source(int gb, int node) {
+    const PlanBucket& pb = plan_bucket(gb);
+    if (!pb.shard_params) return pb.param_buf;
+    auto it = gather_node_.find({node, gb});
+    PIPER_CHECK(it != gather_node_.end(), "no parameter gather for bucket ", gb, " before node ", node);
+    return gather_instance(it->second);
+  }
+
+  int gather_instance(int gather_node) {
+    auto it = gather_buf_.find(gather_node);
+    if (it != gather_buf_.end()) return it->second;
+    const Node& n = g_.nodes[size_t(gather_node)];
+    const PlanBucket& pb = plan_bucket(n.bucket);
+    int id = new_buffer(uint64_t(pb.padded) * sizeof(float), BufferKind::Param, false,
+                        cat("bucket", n.bucket, ".gathered.n", gather_node));
+    gather_buf_[gather_node] = id;
+    return id;
+  }
+
+  // ---------------------------------------------------------------- activations
+  int64_t act_elems() const {
+    int64_t rows = int64_t(b_) * m_.dims.rows_per_sample();
+    return rows * (m_.dims.is_gpt() ? m_.dims.d_model : m_.dims.d_hidden);
+  }
+  int act_buf(int boundary, int mb) {
+    return keyed_buffer('A', boundary, mb, uint64_t(act_elems()) * sizeof(float), BufferKind::Activation,
+                        cat("act", boundary, ".mb", mb));
+  }
+  int act_grad_buf(int boundary, int mb) {
+    return keyed_buffer('D', boundary, mb, uint64_t(act_elems()) * sizeof(float), BufferKind::Activation,
+                        cat("dact", boundary, ".mb", mb));
+  }
+  int stash_buf(int seg, int mb) {
+    auto sz = segment_sizes(m_.segments[size_t(seg)], m_.dims, b_);
+    return keyed_buffer('S', seg, mb, sz.stash_bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
+  }
+  int wstash_buf(int seg, int mb) {
+    auto sz = segment_sizes(m_.segments[size_t(seg)], m_.dims, b_);
+    return keyed_buffer('W', seg, mb, sz.wstash_bytes, BufferKind::Activation, cat("wstash", seg, ".mb", mb));
+  }
+
+  void make_workspace() {
+    uint64_t ws = 0;
+    bool attention = false;
+    for (const auto& r : g_.regions) {
+      if (r.device_set != set_) continue;
+      for (int s = r.seg_begin; s < r.seg_end; ++s) {
+        const Segment& seg = m_.segments[size_t(s)];
+        ws = std::max<uint64_t>(ws, segment_sizes(seg, m_.dims, b_).workspace_bytes);
+        attention |= seg.kind == SegmentKind::Block;
+      }
+    }
+    p_.workspace_buf = new_buffer(std::max<uint64_t>(ws, 4), BufferKind::Workspace, true, "workspace");
+    if (attention) {
+      // The backend sizes the attention scratch at run time; this is the estimate for one thread.
+      uint64_t t = uint64_t(m_.dims.seq_len);
+      uint64_t threads = uint64_t(std::max(1, spec_.job.threads));
+      p_.attn_scratch_buf = new_buffer(threads * t * t * sizeof(float), BufferKind::Workspace, true, "attention_scratch");
+    }
+  }
+
+  // ---------------------------------------------------------------- compute
+  bool reads_data(const Segment& s) const { return data_slot(s) == DataSlot::Tokens || data_slot(s) == DataSlot::Features; }
+  bool is_head(const Segment& s) const { return s.kind == SegmentKind::Head || s.kind == SegmentKind::MlpHead; }
+
+  void plan_segment_ops(const std::vector<int>& sequence) {
+    for (const auto& n : g_.nodes)
+      if (!n.removed && n.gather_for >= 0 && n.device_set == set_) gather_node_[{n.gather_for, n.bucket}] = n.id;
+    for (int id : sequence) {
+      const Node& n = g_.nodes[size_t(id)];
+      if (!is_compute(n.kind)) continue;
+      const Region& r = g_.regions[size_t(n.region)];
+      if (n.kind == NodeKind::F)
+        for (int s = r.seg_begin; s < r.seg_end; ++s) ops_.push_back({id, s});
+      else
+        for (int s = r.seg_end - 1; s >= r.seg_begin; --s) ops_.push_back({id, s});
+    }
+  }
+
+  // Parameter gathers the segment op needs, issued once (on the gather stream) ahead of the op.
+  void issue_gathers(size_t op_index) {
+    const SegOp& op = ops_[op_index];
+    for (int param : m_.segments[size_t(op.segment)].params) {
+      int gb = graph_bucket_of_param(param);
+      auto it = gather_node_.find({op.node, gb});
+      if (it == gather_node_.end() || gathers_issued_.count(it->second)) continue;
+      gathers_issued_.insert(it->second);
+      emit_node(g_.nodes[size_t(it->second)]);
+    }
+  }
+
+  void emit_compute(const SegOp& op) {
+    const Node& n = g_.nodes[size_t(op.node)];
+    const Segment& seg = m_.segments[size_t(op.segment)];
+    const int mb = n.mb < 0 ? 0 : n.mb;
+    Instr in;
+    in.node = n.id;
+    in.segment = op.segment;
+    in.mb = mb;
+    in.stream = uint8_t(stream_id("compute"));
+    in.samples = b_;
+    in.sample_offset = mb * b_;
+    in.loss_scale = float(1.0 / (double(g_.global_batch) * m_.dims.rows_per_sample()));
+    const bool input = !reads_data(seg);
+    in.stash = stash_buf(op.segment, mb);
+    if (input) in.in = act_buf(op.segment, mb);
+    switch (n.kind) {
+      case NodeKind::F:
+        in.op = Op::Forward;
+        if (!is_head(seg)) in.out = act_buf(op.segment + 1, mb);
+        break;
+      case NodeKind::B: in.op = Op::Backward; break;
+      case NodeKind::BI: in.op = Op::BackwardInput; break;
+      case NodeKind::BW: in.op = Op::BackwardWeight; break;
+      default: PIPER_CHECK(false, "not a compute node");
+    }
+    if (n.kind != NodeKind::F) {
+      if (!is_head(seg)) in.dout = act_grad_buf(op.segment + 1, mb);
+      if (input && n.kind != NodeKind::BW) in.din = act_grad_buf(op.segment, mb);
+      if (n.kind == NodeKind::BI || n.kind == NodeKind::BW) in.wstash = wstash_buf(op.segment, mb);
+    }
+    const bool reads_params = n.kind != NodeKind::BW;
+    const bool writes_grads = n.kind == NodeKind::B || n.kind == NodeKind::BW;
+    const auto& params = seg.params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      int gb = graph_bucket_of_param(params[i]);
+      in.pbuf.push_back(reads_params ? param_source(gb, n.id) : -1);
+      if (writes_grads) {
+        int gbuf = grad_target(gb, mb);
+        in.gbuf.push_back(gbuf);
+        if (grad_written_.insert({gbuf, params[i]}).second) in.overwrite |= 1u << i;
+      } else {
+        in.gbuf.push_back(-1);
+      }
+    }
+    p_.instrs.push_back(std::move(in));
+  }
+
+  // ---------------------------------------------------------------- everything else
+  void emit_node(const Node& n) {
+    Instr in;
+    in.node = n.id;
+    in.mb = n.mb;
+    in.stream = uint8_t(stream_id(n.stream));
+    switch (n.kind) {
+      case NodeKind::UPDATE: return emit_updates(n);
+      case NodeKind::SEND:
+      case NodeKind::RECV: {
+        in.op = n.kind == NodeKind::SEND ? Op::Send : Op::Recv;
+        in.peer_set = n.peer_set;
+        in.tag = n.kind == NodeKind::SEND ? n.id : n.pair;
+        in.buf = n.tensor.kind == TensorRef::Kind::Act ? act_buf(n.tensor.index, n.mb) : act_grad_buf(n.tensor.index, n.mb);
+        in.count = act_elems();
+        break;
+      }
+      case NodeKind::ALL_REDUCE:
+        if (n.purpose == CommPurpose::StepSync) return emit_step_sync(n, in);
+        if (n.purpose == CommPurpose::TiedGradient) return emit_tie(n, in);
+        emit_all_reduce(n, in);
+        break;
+      case NodeKind::REDUCE_SCATTER: emit_reduce_scatter(n, in); break;
+      case NodeKind::ALL_GATHER: emit_all_gather(n, in); break;
+      default: PIPER_CHECK(false, "cannot lower ", n.label());
+    }
+    p_.instrs.push_back(std::move(in));
+  }
+
+  void emit_all_reduce(const Node& n, Instr& in) {
+    const PlanBucket& pb = plan_bucket(n.bucket);
+    in.op = Op::AllReduce;
+    in.bucket = bucket_index_.at(n.bucket);
+    in.group = pb.group;
+    in.buf = pb.grad_buf;
+    in.count = pb.padded;
+  }
+
+  void emit_reduce_scatter(const Node& n, Instr& in) {
+    const PlanBucket& pb = plan_bucket(n.bucket);
+    in.op = Op::ReduceScatter;
+    in.bucket = bucket_index_.at(n.bucket);
+    in.group = pb.group;
+    in.count = shard_count(pb);
+    const uint64_t shard_bytes = uint64_t(in.count) * sizeof(float);
+    if (!pb.shard_grads) {  // in place into the full gradient buffer's own shard, through a scratch
+      in.src = pb.grad_buf;
+      in.buf = pb.grad_buf;
+      in.flags |= kFlagBufShard;
+      in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch"));
+    } else {  // one microbatch's full gradients into the persistent shard
+      in.src = grad_target(n.bucket, n.mb);
+      in.buf = pb.grad_shard_buf;
+      if (!shard_written_.insert(pb.grad_shard_buf).second) {
+        in.flags |= kFlagAccumulate;
+        in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch.mb", n.mb));
+      }
+    }
+  }
+
+  void emit_all_gather(const Node& n, Instr& in) {
+    const PlanBucket& pb = plan_bucket(n.bucket);
+    in.op = Op::AllGather;
+    in.bucket = bucket_index_.at(n.bucket);
+    in.count = shard_count(pb);
+    if (pb.shard_params) {
+      in.group = group_id({GroupRef::Kind::DeviceSet, {set_}, n.stream});
+      in.src = pb.param_shard_buf;
+      in.buf = gather_instance(n.id);
+    } else {
+      in.group = pb.group;
+      in.src = -1;  // in place: this rank's shard already sits at its place in the full buffer
+      in.buf = pb.param_buf;
+    }
+  }
+
+  // The gradient range this rank owns after reduction (what it updates and counts in the norm).
+  Span owned_grads(const PlanBucket& pb) const {
+    if (pb.zero < 0) return Span{pb.grad_buf, 0, pb.padded, false};
+    if (pb.shard_grads) return Span{pb.grad_shard_buf, 0, shard_count(pb), false};
+    return Span{pb.grad_buf, 0, shard_count(pb), true};
+  }
+
+  void emit_tie(const Node& n, Instr& in) {
+    int local = -1;
+    for (size_t i = 0; i < n.tie_sets.size(); ++i)
+      if (n.tie_sets[i] == set_) local = n.tie_buckets[i];
+    const PlanBucket& pb = plan_bucket(local);
+    Span s = owned_grads(pb);
+    if (pb.zero == 0) s = Span{pb.grad_buf, 0, pb.padded, false};  // all-reduced: every replica has all of it
+    in.op = Op::AllReduce;
+    in.bucket = bucket_index_.at(local);
+    in.group = group_id({GroupRef::Kind::AcrossSets, std::vector<int32_t>(n.tie_sets.begin(), n.tie_sets.end()), n.stream});
+    in.buf = s.buf;
+    in.count = s.count;
+    if (s.per_replica) in.flags |= kFlagBufShard;
+    p_.instrs.push_back(std::move(in));
+  }
+
+  void emit_step_sync(const Node& n, Instr& in) {
+    (void)n;
+    in.op = Op::StepSync;
+    in.stream = uint8_t(stream_id("compute"));
+    in.group = group_id({GroupRef::Kind::World, {}, "compute"});
+    for (const auto& pb : p_.buckets) {
+      if (pb.tied_copy) continue;
+      Span s = owned_grads(pb);
+      if (pb.zero == 0) s = Span{pb.grad_buf, 0, shard_count(pb), true};  // count each slice on one replica
+      in.spans.push_back(s);
+    }
+    p_.instrs.push_back(std::move(in));
+  }
+
+  void emit_updates(const Node& n) {
+    for (size_t i = 0; i < p_.buckets.size(); ++i) {
+      const PlanBucket& pb = p_.buckets[i];
+      if (pb.region != n.region) continue;
+      Instr in;
+      in.node = n.id;
+      in.op = Op::Update;
+      in.stream = uint8_t(stream_id("compute"));
+      in.bucket = int(i);
+      in.m = pb.m_buf;
+      in.v = pb.v_buf;
+      if (!pb.shard_optimizer) {
+        in.buf = pb.param_buf;
+        in.src = pb.grad_buf;
+        in.count = pb.padded;
+      } else {
+        in.count = shard_count(pb);
+        in.flags |= kFlagBucketShard;
+        if (pb.shard_params) in.buf = pb.param_shard_buf;
+        else { in.buf = pb.param_buf; in.flags |= kFlagBufShard; }
+        if (pb.shard_grads) in.src = pb.grad_shard_buf;
+        else { in.src = pb.grad_buf; in.flags |= kFlagSrcShard; }
+      }
+      p_.instrs.push_back(std::move(in));
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<Plan> lower(const Graph& g, const JobSpec& spec) {
+  auto sequences = set_sequences(g);
+  std::vector<Plan> bodies;
+  for (size_t s = 0; s < g.sets.size(); ++s) {
+    Lowerer l(g, spec, int(s));
+    Plan p = l.run(sequences[s]);
+    fill_job_fields(p, spec, g);
+    bodies.push_back(std::move(p));
+  }
+  // Every plan carries the full group table, in one order, for communicator creation.
+  std::vector<GroupRef> all;
+  for (const auto& b : bodies)
+    for (const auto& gr : b.groups)
+      if (std::find(all.begin(), all.end(), gr) == all.end()) all.push_back(gr);
+  std::sort(all.begin(), all.end());
+  for (auto& b : bodies) b.all_groups = all;
+  return bodies;
+}
+
+}  // namespace piper

@@ -1,0 +1,143 @@
+// JobSpec: the validated content of a job file (DESIGN.md §2). Everything downstream reads this,
+// never the TOML itself. Source locations are kept so that later errors can point into the file.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "plan/optimizer_config.hpp"
+
+namespace piper {
+
+// Where a value came from: "job.toml:12:5", or "--set model.n_layers".
+struct SourceLoc {
+  std::string file;
+  int line = 0;
+  int column = 0;
+  std::string str() const;
+};
+
+// One tag constraint of a filter: an integer value, any value ("*"), or a name (PASS = "F").
+struct TagMatch {
+  enum class Kind { Int, Any, Name } kind = Kind::Any;
+  int64_t value = 0;
+  std::string name;
+  bool operator==(const TagMatch&) const = default;
+};
+
+// A filter matches nodes whose tags satisfy every constraint.
+struct Filter {
+  std::map<std::string, TagMatch> match;
+  std::string str() const;
+};
+
+struct JobSection {
+  std::string name = "piper";
+  int64_t steps = 100;
+  uint64_t seed = 1234;
+  std::string backend = "cpu";  // cpu | cuda
+  int threads = 0;              // compute threads per rank; 0 = cores / ranks on the node
+  int64_t log_every = 1;
+};
+
+struct ModelSpec {
+  std::string kind = "gpt";  // gpt | mlp
+  // gpt
+  int vocab = 256;
+  int seq_len = 128;
+  int d_model = 256;
+  int n_layers = 4;
+  int n_heads = 8;
+  int d_ff = 1024;
+  // mlp
+  int d_in = 32;
+  int d_hidden = 64;
+  int n_classes = 8;
+};
+
+struct DataSpec {
+  std::string path;               // raw bytes, or .bin of uint16 tokens; empty for synthetic (mlp)
+  int batch = 16;                 // global batch, sequences (or samples) per step
+  std::string sampler = "random";  // random | sequential
+};
+
+using OptimizerSpec = OptimizerConfig;
+
+struct CheckpointSpec {
+  std::string dir;   // empty: no checkpoints
+  int64_t every = 0;  // 0: only at the end of the run
+  int keep = 0;       // 0: keep all
+};
+
+// [mesh]: a shorthand that writes annotations and directives for the common cases.
+struct MeshSpec {
+  bool present = false;
+  int pp = 1;
+  int dp = 1;
+  int microbatches = 0;  // 0: pp (or 1 without pipeline)
+  int zero = 0;
+  double bucket_mb = 25.0;
+  std::string schedule;  // empty: default
+  SourceLoc loc;
+};
+
+struct Annotation {
+  std::string tag;
+  std::vector<std::pair<int, int>> layers;  // inclusive ranges, one per tag value 0,1,...
+  int index = 0;
+  SourceLoc loc;
+};
+
+// One [[directive]]. Which fields are meaningful depends on `op`.
+struct Directive {
+  std::string op;  // split | place | replicate | order | schedule
+  int index = 0;   // position among [[directive]] tables, 0-based
+  SourceLoc loc;
+  Filter filter;
+  // split
+  std::string dim = "MB";
+  int count = 1;
+  // place
+  std::vector<int> devices;
+  // replicate
+  int zero = 0;
+  double bucket_mb = 25.0;
+  std::string stream = "dp";
+  // order
+  std::vector<std::vector<Filter>> slots;
+  // schedule
+  std::string kind;
+  int chunks = 0;        // interleaved: regions per rank (0 = from annotations)
+  std::string file;      // kind = file
+  std::string tag = "PP";  // which tag dimension is the pipeline
+  bool generated = false;  // written by [mesh] or a schedule generator, not by the user
+  int generated_by = -1;   // the schedule directive that wrote this order (-1: [mesh] or the user)
+  std::string describe() const;  // "directive #3 (op = \"place\", job.toml:40)"
+};
+
+struct CostSpec {
+  bool present = false;
+  std::string preset = "cpu";   // cpu | h100 | h200
+  double flops = 0;             // device FLOP/s; 0 = preset
+  double p2p_bandwidth = 0;     // bytes/s; 0 = preset
+  double collective_bandwidth = 0;
+  double latency = 0;           // seconds per message
+  bool uniform = false;         // F = B = W = 1 time unit, comm free (for schedule analysis)
+};
+
+struct JobSpec {
+  std::string path;  // the job file
+  std::string text;  // the job file's text, with overrides recorded at the end as comments
+  JobSection job;
+  ModelSpec model;
+  DataSpec data;
+  OptimizerSpec optimizer;
+  CheckpointSpec checkpoint;
+  MeshSpec mesh;
+  CostSpec cost;
+  std::vector<Annotation> annotations;
+  std::vector<Directive> directives;
+};
+
+}  // namespace piper

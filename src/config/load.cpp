@@ -1,0 +1,387 @@
+// Job file loading: TOML parse, --set overrides, then section-by-section validation into a JobSpec.
+// Cross-key rules (heads divide d_model, annotation ranges inside the model) are checked here too.
+#include "config/load.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "config/toml_reader.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+const std::vector<std::string> kScheduleKinds = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipev", "file"};
+
+std::vector<std::string> split_dots(const std::string& s) {
+  std::vector<std::string> parts;
+  std::stringstream ss(s);
+  std::string p;
+  while (std::getline(ss, p, '.')) parts.push_back(p);
+  return parts;
+}
+
+bool is_index(const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; }
+
+// Applies one "--set a.b.c=value" to the parsed document. Value is TOML ("4", "\"x\"", "[1,2]"),
+// or a bare string when it does not parse as TOML.
+std::string apply_override(toml::table& root, const std::string& arg) {
+  auto eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError(cat("--set ", arg, ": expected key.path=value (e.g. --set model.n_layers=4)"));
+  std::string key = arg.substr(0, eq), text = arg.substr(eq + 1);
+  auto parts = split_dots(key);
+  for (const auto& p : parts)
+    if (p.empty()) throw UserError(cat("--set ", arg, ": empty component in key path '", key, "'"));
+
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{};
+    parsed.insert("v", text);
+  }
+  toml::node* cur = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (auto* t = cur->as_table()) {
+      if (!t->contains(parts[i])) t->insert(parts[i], toml::table{});
+      cur = t->get(parts[i]);
+    } else if (auto* a = cur->as_array()) {
+      if (!is_index(parts[i]) || std::stoul(parts[i]) >= a->size())
+        throw UserError(cat("--set ", arg, ": '", parts[i], "' is not an index of the ", a->size(),
+                            "-element array before it"));
+      cur = a->get(std::stoul(parts[i]));
+    } else {
+      throw UserError(cat("--set ", arg, ": '", parts[i - 1], "' is not a table"));
+    }
+  }
+  const std::string& last = parts.back();
+  toml::node* v = parsed.get("v");
+  if (auto* t = cur->as_table()) {
+    t->insert_or_assign(last, std::move(*v));
+  } else if (auto* a = cur->as_array()) {
+    if (!is_index(last) || std::stoul(last) >= a->size())
+      throw UserError(cat("--set ", arg, ": '", last, "' is not an index of the array before it"));
+    a->replace(a->cbegin() + std::stoul(last), std::move(*v));
+  } else {
+    throw UserError(cat("--set ", arg, ": the key before '", last, "' is not a table"));
+  }
+  return key;
+}
+
+const toml::table* section(TomlReader& top, const std::string& name) {
+  const toml::node* n = top.get_node(name);
+  if (!n) return nullptr;
+  if (!n->as_table()) top.error(name, "a table ([" + name + "])", n);
+  return n->as_table();
+}
+
+// {PP = 0, MB = "*", PASS = "B"}
+Filter parse_filter(const toml::node* n, const std::string& key_path, const LoadContext& ctx) {
+  Filter f;
+  const toml::table* t = n ? n->as_table() : nullptr;
+  if (!t)
+    throw UserError(cat(node_loc(n, key_path, ctx).str(), ": ", key_path,
+                        ": expected a filter table such as { PP = 0, MB = \"*\" }, found ", describe_node(n)));
+  for (const auto& [k, v] : *t) {
+    std::string tag(k.str());
+    TagMatch m;
+    std::string where = cat(node_loc(&v, key_path + "." + tag, ctx).str(), ": ", key_path, ".", tag);
+    if (auto i = v.as_integer()) {
+      if (i->get() < 0) throw UserError(cat(where, ": expected a tag value >= 0 or \"*\", found ", describe_node(&v)));
+      m.kind = TagMatch::Kind::Int;
+      m.value = i->get();
+    } else if (auto s = v.as_string()) {
+      if (s->get() == "*") m.kind = TagMatch::Kind::Any;
+      else if (tag == "PASS") {
+        static const std::vector<std::string> passes = {"F", "B", "BI", "BW"};
+        if (std::find(passes.begin(), passes.end(), s->get()) == passes.end())
+          throw UserError(cat(where, ": expected one of \"F\", \"B\", \"BI\", \"BW\" or \"*\", found ", describe_node(&v)));
+        m.kind = TagMatch::Kind::Name;
+        m.name = s->get();
+      } else {
+        throw UserError(cat(where, ": expected an integer tag value or \"*\", found ", describe_node(&v)));
+      }
+    } else {
+      throw UserError(cat(where, ": expected an integer tag value or \"*\", found ", describe_node(&v)));
+    }
+    f.match[tag] = m;
+  }
+  return f;
+}
+
+void load_job_section(TomlReader& r, JobSection& j) {
+  j.name = r.get_string("name", j.name);
+  j.steps = r.get_int("steps", j.steps, 1, INT64_MAX);
+  j.seed = uint64_t(r.get_int("seed", int64_t(j.seed), 0, INT64_MAX));
+  j.backend = r.get_string("backend", j.backend, {"cpu", "cuda"});
+  j.threads = int(r.get_int("threads", j.threads, 0, 1024));
+  j.log_every = r.get_int("log_every", j.log_every, 1, INT64_MAX);
+  r.finish();
+}
+
+void load_model(TomlReader& r, ModelSpec& m) {
+  m.kind = r.get_string("kind", m.kind, {"gpt", "mlp"});
+  if (m.kind == "gpt") {
+    m.vocab = int(r.get_int("vocab", m.vocab, 2, 65536));
+    m.seq_len = int(r.get_int("seq_len", m.seq_len, 1, 1 << 20));
+    m.d_model = int(r.get_int("d_model", m.d_model, 1, 1 << 20));
+    m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
+    m.n_heads = int(r.get_int("n_heads", m.n_heads, 1, 1 << 16));
+    m.d_ff = int(r.get_int("d_ff", 4 * m.d_model, 1, 1 << 22));
+    if (m.d_model % m.n_heads != 0)
+      r.error_msg(r.has("n_heads") ? "n_heads" : "d_model",
+                  cat("n_heads (", m.n_heads, ") must divide d_model (", m.d_model, ")"));
+  } else {
+    m.d_in = int(r.get_int("d_in", m.d_in, 1, 1 << 20));
+    m.d_hidden = int(r.get_int("d_hidden", m.d_hidden, 1, 1 << 20));
+    m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
+    m.n_classes = int(r.get_int("n_classes", m.n_classes, 2, 1 << 20));
+  }
+  r.finish();
+}
+
+void load_data(TomlReader& r, DataSpec& d, const ModelSpec& m) {
+  d.path = r.get_string("path", d.path);
+  d.batch = int(r.get_int("batch", d.batch, 1, 1 << 24));
+  d.sampler = r.get_string("sampler", d.sampler, {"random", "sequential"});
+  r.finish();
+  if (m.kind == "gpt") {
+    if (d.path.empty())
+      throw UserError(cat(r.loc().str(), ": data.path: expected the path of a token file for model.kind = \"gpt\", found nothing"));
+    std::filesystem::path p(d.path);
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec))
+      r.error_msg("path", cat("no readable file '", d.path, "' (relative to ", std::filesystem::current_path().string(),
+                              "); run `make data` or tools/prepare-data.sh to build the default corpus"));
+  } else if (!d.path.empty()) {
+    r.error_msg("path", "model.kind = \"mlp\" trains on synthetic data; remove data.path");
+  }
+}
+
+void load_optimizer(TomlReader& r, OptimizerSpec& o) {
+  o.kind = r.get_string("kind", o.kind, {"adamw"});
+  o.lr = r.get_float("lr", o.lr, 0.0, 10.0, true);
+  o.min_lr = r.get_float("min_lr", o.min_lr, 0.0, 10.0);
+  o.beta1 = r.get_float("beta1", o.beta1, 0.0, 0.999999);
+  o.beta2 = r.get_float("beta2", o.beta2, 0.0, 0.999999999);
+  o.eps = r.get_float("eps", o.eps, 0.0, 1.0, true);
+  o.weight_decay = r.get_float("weight_decay", o.weight_decay, 0.0, 10.0);
+  o.grad_clip = r.get_float("grad_clip", o.grad_clip, 0.0, INFINITY);
+  o.warmup_steps = r.get_int("warmup_steps", o.warmup_steps, 0, INT64_MAX);
+  o.decay_steps = r.get_int("decay_steps", o.decay_steps, 0, INT64_MAX);
+  if (o.min_lr > o.lr) r.error_msg("min_lr", cat("min_lr (", o.min_lr, ") must not exceed lr (", o.lr, ")"));
+  r.finish();
+}
+
+void load_checkpoint(TomlReader& r, CheckpointSpec& c) {
+  c.dir = r.get_string("dir", c.dir);
+  c.every = r.get_int("every", c.every, 0, INT64_MAX);
+  c.keep = int(r.get_int("keep", c.keep, 0, 1 << 20));
+  r.finish();
+}
+
+void load_mesh(TomlReader& r, MeshSpec& m) {
+  m.present = true;
+  m.loc = r.loc();
+  m.pp = int(r.get_int("pp", 1, 1, 1 << 20));
+  m.dp = int(r.get_int("dp", 1, 1, 1 << 24));
+  m.microbatches = int(r.get_int("microbatches", 0, 0, 1 << 20));
+  m.zero = int(r.get_int("zero", 0, 0, 3));
+  m.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
+  m.schedule = r.get_string("schedule", "", kScheduleKinds);
+  r.finish();
+}
+
+void load_cost(TomlReader& r, CostSpec& c) {
+  c.present = true;
+  c.preset = r.get_string("preset", c.preset, {"cpu", "h100", "h200"});
+  c.flops = r.get_float("flops", 0, 0, INFINITY);
+  c.p2p_bandwidth = r.get_float("p2p_bandwidth", 0, 0, INFINITY);
+  c.collective_bandwidth = r.get_float("collective_bandwidth", 0, 0, INFINITY);
+  c.latency = r.get_float("latency", 0, 0, INFINITY);
+  c.uniform = r.get_bool("uniform", false);
+  r.finish();
+}
+
+const toml::array* array_of_tables(TomlReader& top, const std::string& name) {
+  const toml::node* n = top.get_node(name);
+  if (!n) return nullptr;
+  const toml::array* a = n->as_array();
+  if (!a || !a->is_array_of_tables()) top.error(name, cat("an array of tables ([[", name, "]])"), n);
+  return a;
+}
+
+void load_annotations(const toml::array& arr, JobSpec& spec, const LoadContext& ctx) {
+  int index = 0;
+  for (const auto& node : arr) {
+    std::string path = cat("annotate.", index);
+    TomlReader r(*node.as_table(), path, ctx);
+    Annotation a;
+    a.index = index;
+    a.loc = r.loc();
+    const toml::node* tag = r.get_node("tag");
+    if (!tag || !tag->as_string()) r.error("tag", "a tag name such as \"PP\"", tag);
+    a.tag = tag->as_string()->get();
+    if (!std::regex_match(a.tag, std::regex("[A-Z][A-Z0-9_]*")))
+      r.error("tag", "an upper-case tag name such as \"PP\"", tag);
+    if (a.tag == "PASS" || a.tag == "MB") r.error_msg("tag", cat("'", a.tag, "' is reserved for the compiler"));
+    const toml::node* layers = r.get_node("layers");
+    const toml::array* la = layers ? layers->as_array() : nullptr;
+    if (!la || la->empty()) r.error("layers", "a non-empty array of [first, last] layer ranges", layers);
+    int prev_last = -1;
+    for (size_t i = 0; i < la->size(); ++i) {
+      const toml::node* rn = la->get(i);
+      const toml::array* ra = rn->as_array();
+      std::string kp = cat(path, ".layers[", i, "]");
+      auto bad = [&](const std::string& what) {
+        throw UserError(cat(node_loc(rn, kp, ctx).str(), ": ", kp, ": ", what));
+      };
+      if (!ra || ra->size() != 2 || !ra->get(0)->as_integer() || !ra->get(1)->as_integer())
+        bad(cat("expected a [first, last] pair of layer indices, found ", describe_node(rn)));
+      int lo = int(ra->get(0)->as_integer()->get()), hi = int(ra->get(1)->as_integer()->get());
+      if (lo > hi) bad(cat("first layer ", lo, " is after last layer ", hi));
+      if (lo < 0 || hi >= spec.model.n_layers)
+        bad(cat("layers [", lo, ", ", hi, "] outside the model's layers 0..", spec.model.n_layers - 1));
+      if (lo <= prev_last) bad(cat("range starts at layer ", lo, ", inside or before the previous range (ends at ", prev_last, ")"));
+      prev_last = hi;
+      a.layers.push_back({lo, hi});
+    }
+    r.finish();
+    for (const auto& other : spec.annotations)
+      if (other.tag == a.tag)
+        throw UserError(cat(a.loc.str(), ": ", path, ".tag: tag '", a.tag, "' is already annotated at ", other.loc.str()));
+    spec.annotations.push_back(std::move(a));
+    ++index;
+  }
+}
+
+void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& ctx) {
+  int index = 0;
+  for (const auto& node : arr) {
+    std::string path = cat("directive.", index);
+    TomlReader r(*node.as_table(), path, ctx);
+    Directive d;
+    d.index = index;
+    d.loc = r.loc();
+    if (!r.has("op")) r.error("op", "one of \"split\", \"place\", \"replicate\", \"order\", \"schedule\"", nullptr);
+    d.op = r.get_string("op", "", {"split", "place", "replicate", "order", "schedule"});
+    auto filter_or_all = [&](bool required) {
+      const toml::node* f = r.get_node("filter");
+      if (!f) {
+        if (required) r.error("filter", "a filter table such as { PP = 0 }", nullptr);
+        return Filter{};
+      }
+      return parse_filter(f, r.key_path("filter"), ctx);
+    };
+    if (d.op == "split") {
+      d.filter = filter_or_all(false);
+      d.dim = r.get_string("dim", "MB");
+      if (d.dim != "MB") r.error_msg("dim", cat("only dim = \"MB\" (microbatches) is supported, found \"", d.dim, "\""));
+      if (!r.has("count")) r.error("count", "an integer >= 1 (number of microbatches)", nullptr);
+      d.count = int(r.get_int("count", 1, 1, 1 << 20));
+    } else if (d.op == "place") {
+      d.filter = filter_or_all(true);
+      const toml::node* dev = r.get_node("devices");
+      const toml::array* da = dev ? dev->as_array() : nullptr;
+      if (!da || da->empty()) r.error("devices", "a non-empty array of rank numbers", dev);
+      for (const auto& e : *da) {
+        if (!e.as_integer() || e.as_integer()->get() < 0) r.error("devices", "rank numbers >= 0", &e);
+        int rank = int(e.as_integer()->get());
+        if (std::find(d.devices.begin(), d.devices.end(), rank) != d.devices.end())
+          r.error_msg("devices", cat("rank ", rank, " appears twice"));
+        d.devices.push_back(rank);
+      }
+    } else if (d.op == "replicate") {
+      d.filter = filter_or_all(false);
+      d.zero = int(r.get_int("zero", 0, 0, 3));
+      d.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
+      d.stream = r.get_string("stream", "dp");
+    } else if (d.op == "order") {
+      const toml::node* fs = r.get_node("filters");
+      const toml::array* fa = fs ? fs->as_array() : nullptr;
+      if (!fa || fa->empty()) r.error("filters", "a non-empty array of slots, each an array of filters", fs);
+      for (size_t i = 0; i < fa->size(); ++i) {
+        const toml::node* slot = fa->get(i);
+        std::vector<Filter> filters;
+        std::string kp = cat(r.key_path("filters"), "[", i, "]");
+        if (slot->as_table()) {
+          filters.push_back(parse_filter(slot, kp, ctx));
+        } else if (const toml::array* sa = slot->as_array(); sa && !sa->empty()) {
+          for (size_t j = 0; j < sa->size(); ++j) filters.push_back(parse_filter(sa->get(j), cat(kp, "[", j, "]"), ctx));
+        } else {
+          throw UserError(cat(node_loc(slot, kp, ctx).str(), ": ", kp,
+                              ": expected a slot (an array of filters), found ", describe_node(slot)));
+        }
+        d.slots.push_back(std::move(filters));
+      }
+    } else if (d.op == "schedule") {
+      if (!r.has("kind")) r.error("kind", "a schedule kind", nullptr);
+      d.kind = r.get_string("kind", "", kScheduleKinds);
+      d.chunks = int(r.get_int("chunks", 0, 0, 1 << 16));
+      d.file = r.get_string("file", "");
+      d.tag = r.get_string("tag", "PP");
+      if (d.kind == "file" && d.file.empty()) r.error("file", "the path of a TOML or CSV action list", nullptr);
+      if (d.kind != "file" && !d.file.empty()) r.error_msg("file", "only kind = \"file\" reads a file");
+    }
+    r.finish();
+    spec.directives.push_back(std::move(d));
+    ++index;
+  }
+}
+
+}  // namespace
+
+JobSpec load_job_text(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+  LoadContext ctx;
+  ctx.file = name;
+  toml::table root;
+  try {
+    root = toml::parse(text, name);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw UserError(cat(name, ":", b.line, ":", b.column, ": TOML syntax error: ", e.description()));
+  }
+  JobSpec spec;
+  spec.path = name;
+  spec.text = text;
+  for (const auto& o : overrides) {
+    ctx.overridden.insert(apply_override(root, o));
+    spec.text += "\n# --set " + o;
+  }
+
+  TomlReader top(root, "", ctx);
+  auto with = [&](const std::string& name, auto&& fn) {
+    if (const toml::table* t = section(top, name)) {
+      TomlReader r(*t, name, ctx);
+      fn(r);
+    }
+  };
+  with("job", [&](TomlReader& r) { load_job_section(r, spec.job); });
+  with("model", [&](TomlReader& r) { load_model(r, spec.model); });
+  with("data", [&](TomlReader& r) { load_data(r, spec.data, spec.model); });
+  if (!root.contains("data") && spec.model.kind == "gpt")
+    throw UserError(cat(name, ": [data]: missing; a gpt job needs data.path"));
+  with("optimizer", [&](TomlReader& r) { load_optimizer(r, spec.optimizer); });
+  with("checkpoint", [&](TomlReader& r) { load_checkpoint(r, spec.checkpoint); });
+  with("mesh", [&](TomlReader& r) { load_mesh(r, spec.mesh); });
+  with("cost", [&](TomlReader& r) { load_cost(r, spec.cost); });
+  if (const toml::array* a = array_of_tables(top, "annotate")) load_annotations(*a, spec, ctx);
+  if (const toml::array* a = array_of_tables(top, "directive")) load_directives(*a, spec, ctx);
+  top.finish();
+  if (spec.optimizer.decay_steps == 0) spec.optimizer.decay_steps = spec.job.steps;
+  return spec;
+}
+
+JobSpec load_job(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(cat(path, ": cannot open the job file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_job_text(ss.str(), path, overrides);
+}
+
+}  // namespace piper

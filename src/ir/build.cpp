@@ -1,0 +1,104 @@
+// Training DAG construction (see build.hpp). One microbatch, no placement: passes add the rest.
+#include "ir/build.hpp"
+
+#include "model/build.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+std::vector<Region> make_regions(const Model& model, const std::vector<Annotation>& annotations) {
+  const int last_layer = model.dims.n_layers - 1;
+  auto tags_of = [&](const Segment& seg) {
+    int layer = seg.layer >= 0 ? seg.layer : (seg.kind == SegmentKind::Embedding ? 0 : last_layer);
+    if (seg.kind == SegmentKind::MlpHead) layer = last_layer;
+    Tags t;
+    for (const auto& a : annotations)
+      for (size_t v = 0; v < a.layers.size(); ++v)
+        if (layer >= a.layers[v].first && layer <= a.layers[v].second) t[a.tag] = int(v);
+    return t;
+  };
+  std::vector<Region> regions;
+  for (size_t s = 0; s < model.segments.size(); ++s) {
+    Tags t = tags_of(model.segments[s]);
+    if (!regions.empty() && regions.back().tags == t) {
+      regions.back().seg_end = int(s) + 1;
+      continue;
+    }
+    for (const auto& r : regions)
+      if (r.tags == t)
+        throw UserError(cat("annotations give tags {", [&] {
+                              std::string str;
+                              for (const auto& [k, v] : t) str += cat(str.empty() ? "" : ", ", k, " = ", v);
+                              return str;
+                            }(),
+                            "} to two separate runs of layers; a region must be contiguous"));
+    Region r;
+    r.id = int(regions.size());
+    r.seg_begin = int(s);
+    r.seg_end = int(s) + 1;
+    r.tags = t;
+    regions.push_back(r);
+  }
+  return regions;
+}
+
+int step_sync_node(const Graph& g) {
+  for (const auto& n : g.nodes)
+    if (!n.removed && n.purpose == CommPurpose::StepSync && n.kind == NodeKind::ALL_REDUCE) return n.id;
+  PIPER_CHECK(false, "graph has no step-sync node");
+  return -1;
+}
+
+Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
+  Graph g;
+  g.model = &model;
+  g.world = world;
+  g.global_batch = spec.data.batch;
+  g.microbatches = 1;
+  g.samples_per_microbatch = spec.data.batch;
+  g.regions = make_regions(model, spec.annotations);
+
+  const int R = int(g.regions.size());
+  std::vector<int> fwd(static_cast<size_t>(R)), bwd(static_cast<size_t>(R)), upd(static_cast<size_t>(R));
+  for (const auto& r : g.regions) {
+    double flops = 0;
+    for (int s = r.seg_begin; s < r.seg_end; ++s) flops += model.segments[size_t(s)].fwd_flops_per_sample;
+    Node f;
+    f.kind = NodeKind::F;
+    f.tags = r.tags;
+    f.region = r.id;
+    f.mb = 0;
+    f.flops = flops * spec.data.batch;
+    fwd[size_t(r.id)] = g.add_node(f);
+    Node b = f;
+    b.kind = NodeKind::B;
+    b.flops = 2 * f.flops;
+    bwd[size_t(r.id)] = g.add_node(b);
+    Node u;
+    u.kind = NodeKind::UPDATE;
+    u.tags = r.tags;
+    u.region = r.id;
+    upd[size_t(r.id)] = g.add_node(u);
+  }
+  Node sync;
+  sync.kind = NodeKind::ALL_REDUCE;
+  sync.purpose = CommPurpose::StepSync;
+  sync.tensor.kind = TensorRef::Kind::Scalars;
+  sync.bytes = 2 * sizeof(double);
+  int sync_id = g.add_node(sync);
+
+  for (int r = 0; r < R; ++r) {
+    const Region& reg = g.regions[size_t(r)];
+    g.add_edge(fwd[size_t(r)], bwd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::Stash, reg.seg_begin, -1});
+    if (r + 1 < R) {
+      int boundary = g.regions[size_t(r + 1)].seg_begin;
+      g.add_edge(fwd[size_t(r)], fwd[size_t(r + 1)], EdgeKind::Data, {TensorRef::Kind::Act, boundary, -1});
+      g.add_edge(bwd[size_t(r + 1)], bwd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::ActGrad, boundary, -1});
+    }
+    g.add_edge(bwd[size_t(r)], sync_id, EdgeKind::Data, {TensorRef::Kind::Grads, -1, -1});
+    g.add_edge(sync_id, upd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::Scalars, -1, -1});
+  }
+  return g;
+}
+
+}  // namespace piper

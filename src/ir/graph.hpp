@@ -1,0 +1,131 @@
+// The global training DAG (DESIGN.md §3): regions of the model, the compute, update and communication
+// nodes of one training step, and the data/order edges between them. Passes rewrite it; lowering reads it.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/job.hpp"
+#include "model/model.hpp"
+
+namespace piper {
+
+enum class NodeKind : uint8_t {
+  F, B, BI, BW,   // compute per region × microbatch
+  UPDATE,         // optimizer step of a region's parameters (or its shard)
+  SEND, RECV,     // point-to-point between device sets
+  ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL,
+};
+const char* node_kind_name(NodeKind k);
+bool is_compute(NodeKind k);
+bool is_comm(NodeKind k);
+
+// What a collective is for; the lowering and the runtime treat them alike, printing tells them apart.
+enum class CommPurpose : uint8_t { Activation, Gradient, TiedGradient, ParamGather, StepSync };
+const char* comm_purpose_name(CommPurpose p);
+
+// A logical tensor carried by a data edge.
+struct TensorRef {
+  enum class Kind : uint8_t { None, Act, ActGrad, Stash, Grads, Params, Scalars } kind = Kind::None;
+  int index = -1;  // Act/ActGrad: segment boundary (input index of the consuming segment); Grads/Params: bucket
+  int mb = -1;
+  std::string str() const;
+  bool operator==(const TensorRef&) const = default;
+};
+
+using Tags = std::map<std::string, int>;
+
+struct Node {
+  int id = -1;
+  NodeKind kind = NodeKind::F;
+  Tags tags;             // annotation tags of its region, MB when split
+  int region = -1;       // compute/update/gradient collectives: region
+  int mb = -1;           // microbatch (compute and activation transfers)
+  int device_set = -1;   // where it runs; collectives: the set whose group runs it (-1: all ranks)
+  std::string stream = "compute";
+  CommPurpose purpose = CommPurpose::Activation;
+  int peer_set = -1;     // SEND/RECV: the other side
+  int pair = -1;         // SEND/RECV: the matching node
+  int bucket = -1;       // gradient/parameter collectives and updates
+  std::vector<int> tie_sets;     // TiedGradient: the device sets holding copies
+  std::vector<int> tie_buckets;  // TiedGradient: the bucket on each of those sets
+  int gather_for = -1;   // a parameter gather issued just before this compute node uses the bucket
+  TensorRef tensor;      // what a SEND/RECV/collective carries
+  double flops = 0;      // per node, for the cost model
+  int64_t bytes = 0;     // bytes moved, for the cost model
+  int source_directive = -1;  // the directive that created it, for messages
+  bool removed = false;
+  std::string label() const;  // "F[PP=1,MB=3]"
+};
+
+enum class EdgeKind : uint8_t { Data, Order };
+
+struct Edge {
+  int from = -1, to = -1;
+  EdgeKind kind = EdgeKind::Data;
+  TensorRef tensor;
+  int source_directive = -1;  // order edges: the directive that added them
+  bool removed = false;
+};
+
+// A contiguous run of segments with the same annotation stack: the unit placed and scheduled.
+struct Region {
+  int id = -1;
+  int seg_begin = 0, seg_end = 0;  // segments [begin, end)
+  Tags tags;
+  int device_set = -1;
+  int place_directive = -1;
+  // replication (set by the replicate pass; zero = -1 means not replicated)
+  int zero = -1;
+  double bucket_mb = 25.0;
+  std::string dp_stream = "dp";
+  int replicate_directive = -1;
+  bool split_backward = false;
+  std::string label() const;
+};
+
+struct DeviceSet {
+  std::vector<int> ranks;
+  int directive = -1;  // the place directive that made it
+};
+
+// Parameters reduced/gathered/updated together; buckets never span regions.
+struct Bucket {
+  int region = -1;
+  std::vector<int> params;  // model parameter indices
+  int64_t numel = 0;        // sum of parameter sizes (before padding)
+  bool tied_copy = false;   // a copy of a parameter whose home is another device set's region
+};
+
+struct Graph {
+  const Model* model = nullptr;
+  int world = 1;
+  int microbatches = 1;
+  int samples_per_microbatch = 0;  // per replica
+  int global_batch = 0;
+  std::vector<Region> regions;
+  std::vector<DeviceSet> sets;
+  std::vector<Bucket> buckets;
+  std::vector<Node> nodes;
+  std::vector<Edge> edges;
+
+  int add_node(Node n);
+  int add_edge(int from, int to, EdgeKind kind, TensorRef t = {}, int directive = -1);
+  // Live out/in edge indices per node (rebuilt on demand after rewrites).
+  std::vector<std::vector<int>> out_edges() const;
+  std::vector<std::vector<int>> in_edges() const;
+  // Throws with the nodes of a cycle if the live graph is not a DAG.
+  void check_acyclic(const std::string& context) const;
+  // Nodes in a topological order (stable: ties by id).
+  std::vector<int> topo_order() const;
+  size_t live_nodes() const;
+};
+
+// Does this filter match the node? PASS is derived from the node kind (F, B, BI, BW, UPDATE).
+bool filter_matches(const Filter& f, const Node& n);
+// Does this filter match the region (only annotation tags; MB and PASS must be absent)?
+bool filter_matches_region(const Filter& f, const Region& r);
+const char* pass_name(NodeKind k);
+
+}  // namespace piper

@@ -1,0 +1,71 @@
+// Groups each region's parameters into buckets of about bucket_mb megabytes, in backward order, on
+// segment boundaries. A parameter used by regions on two device sets (the tied embedding) gets a bucket
+// of its own on each side, so that the copies can be summed with one collective.
+#include <set>
+
+#include "passes/passes.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+// Region of the first segment that uses each parameter.
+std::vector<int> home_regions(const Graph& g) {
+  std::vector<int> home(g.model->params.size(), -1);
+  for (const auto& r : g.regions)
+    for (int s = r.seg_begin; s < r.seg_end; ++s)
+      for (int p : g.model->segments[size_t(s)].params)
+        if (home[size_t(p)] < 0) home[size_t(p)] = r.id;
+  return home;
+}
+
+}  // namespace
+
+void make_buckets(Graph& g) {
+  const Model& m = *g.model;
+  auto home = home_regions(g);
+  // Sets that use each parameter.
+  std::vector<std::set<int>> users(m.params.size());
+  for (const auto& r : g.regions)
+    for (int s = r.seg_begin; s < r.seg_end; ++s)
+      for (int p : m.segments[size_t(s)].params) users[size_t(p)].insert(r.device_set);
+
+  g.buckets.clear();
+  for (const auto& r : g.regions) {
+    const double limit = r.bucket_mb * 1024.0 * 1024.0;
+    Bucket cur;
+    cur.region = r.id;
+    std::set<int> seen;
+    auto close = [&] {
+      if (!cur.params.empty()) g.buckets.push_back(cur);
+      cur = Bucket{};
+      cur.region = r.id;
+    };
+    for (int s = r.seg_end - 1; s >= r.seg_begin; --s) {
+      for (int p : m.segments[size_t(s)].params) {
+        if (seen.count(p)) continue;
+        seen.insert(p);
+        int h = home[size_t(p)];
+        bool here = h == r.id;
+        bool copy = !here && g.regions[size_t(h)].device_set != r.device_set;
+        if (!here && !copy) continue;  // stored in its home region's bucket on this same set
+        if (users[size_t(p)].size() > 1) {
+          Bucket own;
+          own.region = r.id;
+          own.params = {p};
+          own.numel = m.params[size_t(p)].numel;
+          own.tied_copy = copy;
+          g.buckets.push_back(own);
+          continue;
+        }
+        cur.params.push_back(p);
+        cur.numel += m.params[size_t(p)].numel;
+      }
+      if (double(cur.numel) * sizeof(float) >= limit) close();
+    }
+    close();
+  }
+}
+
+}  // namespace piper

@@ -1,0 +1,76 @@
+// [mesh] shorthand: pp pipeline stages (even layer split unless [[annotate]] says otherwise), dp replicas
+// per stage on ranks stage + pp·replica, a split into microbatches, replicate with the ZeRO level, and a
+// schedule. Only what the job does not already state is generated; generated directives say so.
+#include "passes/passes.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+void expand_mesh(JobSpec& spec) {
+  const MeshSpec& mesh = spec.mesh;
+  if (!mesh.present) return;
+  auto has_op = [&](const std::string& op) {
+    for (const auto& d : spec.directives)
+      if (d.op == op) return true;
+    return false;
+  };
+  const int L = spec.model.n_layers;
+  bool has_pp = false;
+  for (const auto& a : spec.annotations) has_pp |= a.tag == "PP";
+  if (mesh.pp > 1 && !has_pp) {
+    if (mesh.pp > L)
+      throw UserError(cat(mesh.loc.str(), ": mesh.pp = ", mesh.pp, " stages but the model has only ", L, " layers"));
+    Annotation a;
+    a.tag = "PP";
+    a.index = int(spec.annotations.size());
+    a.loc = mesh.loc;
+    int first = 0;
+    for (int s = 0; s < mesh.pp; ++s) {
+      int n = L / mesh.pp + (s < L % mesh.pp ? 1 : 0);
+      a.layers.push_back({first, first + n - 1});
+      first += n;
+    }
+    spec.annotations.push_back(a);
+    has_pp = true;
+  }
+  int next = int(spec.directives.size());
+  auto make = [&](const std::string& op) {
+    Directive d;
+    d.op = op;
+    d.index = next++;
+    d.loc = mesh.loc;
+    d.generated = true;
+    return d;
+  };
+  std::vector<Directive> added;
+  if (!has_op("split")) {
+    int m = mesh.microbatches > 0 ? mesh.microbatches : (mesh.pp > 1 ? mesh.pp : 1);
+    if (m > 1) {
+      Directive d = make("split");
+      d.count = m;
+      added.push_back(d);
+    }
+  }
+  if (!has_op("place") && (mesh.pp > 1 || mesh.dp > 1)) {
+    for (int s = 0; s < mesh.pp; ++s) {
+      Directive d = make("place");
+      if (mesh.pp > 1) d.filter.match["PP"] = TagMatch{TagMatch::Kind::Int, s, ""};
+      for (int r = 0; r < mesh.dp; ++r) d.devices.push_back(s + mesh.pp * r);
+      added.push_back(d);
+    }
+  }
+  if (!has_op("replicate") && mesh.dp > 1) {
+    Directive d = make("replicate");
+    d.zero = mesh.zero;
+    d.bucket_mb = mesh.bucket_mb;
+    added.push_back(d);
+  }
+  if (!has_op("schedule") && !mesh.schedule.empty()) {
+    Directive d = make("schedule");
+    d.kind = mesh.schedule;
+    added.push_back(d);
+  }
+  for (auto& d : added) spec.directives.push_back(std::move(d));
+}
+
+}  // namespace piper

@@ -1,0 +1,33 @@
+// The directive passes: each rewrites the global training DAG (one file per pass). apply_directives
+// runs them in DESIGN.md §3's fixed phase order: split → split-backward → place → SEND/RECV →
+// buckets → replicate → tied-parameter sync → order.
+#pragma once
+#include <vector>
+
+#include "config/job.hpp"
+#include "ir/graph.hpp"
+
+namespace piper {
+
+void apply_split(Graph& g, const Directive& d);
+void apply_split_backward(Graph& g, const std::vector<Directive>& orders);
+void apply_place(Graph& g, const std::vector<Directive>& places);
+void insert_send_recv(Graph& g);
+void make_buckets(Graph& g);
+void mark_replicate(Graph& g, const Directive& d);
+void insert_replication(Graph& g);
+void insert_tied_sync(Graph& g);
+void apply_order(Graph& g, const Directive& d);
+
+// Does region `region` use a parameter of bucket `bucket` on the bucket's device set?
+bool region_uses_bucket(const Graph& g, int region, int bucket);
+bool writes_grads(const Node& n);
+
+// Expands [mesh] into annotations and directives (only what the job does not already say).
+void expand_mesh(JobSpec& spec);
+
+// Runs every pass; schedule directives are expanded into order directives first. Returns the
+// directives as applied (generated ones included) so that --dry-run can print them.
+std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec);
+
+}  // namespace piper

@@ -1,0 +1,56 @@
+// Inserts a SEND/RECV pair on every data edge between nodes of different device sets.
+// The pair shares one id (the SEND's) used as the message tag.
+#include "passes/passes.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+int64_t tensor_bytes(const Graph& g, const TensorRef& t) {
+  (void)t;  // every boundary carries one activation matrix: rows × width
+  const Model& m = *g.model;
+  int64_t rows = int64_t(g.samples_per_microbatch) * m.dims.rows_per_sample();
+  int64_t width = m.dims.is_gpt() ? m.dims.d_model : m.dims.d_hidden;
+  return rows * width * int64_t(sizeof(float));
+}
+
+
+}  // namespace
+
+void insert_send_recv(Graph& g) {
+  const size_t e_before = g.edges.size();
+  for (size_t ei = 0; ei < e_before; ++ei) {
+    Edge e = g.edges[ei];
+    if (e.removed || e.kind != EdgeKind::Data) continue;
+    const Node& from = g.nodes[size_t(e.from)];
+    const Node& to = g.nodes[size_t(e.to)];
+    if (from.device_set < 0 || to.device_set < 0 || from.device_set == to.device_set) continue;
+    PIPER_CHECK(e.tensor.kind == TensorRef::Kind::Act || e.tensor.kind == TensorRef::Kind::ActGrad,
+                "cross-set edge carries ", e.tensor.str());
+    g.edges[ei].removed = true;
+    Node send;
+    send.kind = NodeKind::SEND;
+    send.tags = from.tags;
+    send.mb = e.tensor.mb;
+    send.device_set = from.device_set;
+    send.peer_set = to.device_set;
+    send.stream = "p2p";
+    send.tensor = e.tensor;
+    send.bytes = tensor_bytes(g, e.tensor);
+    Node recv = send;
+    recv.kind = NodeKind::RECV;
+    recv.tags = to.tags;
+    recv.device_set = to.device_set;
+    recv.peer_set = from.device_set;
+    int s = g.add_node(send);
+    int r = g.add_node(recv);
+    g.nodes[size_t(s)].pair = r;
+    g.nodes[size_t(r)].pair = s;
+    g.add_edge(e.from, s, EdgeKind::Data, e.tensor);
+    g.add_edge(s, r, EdgeKind::Data, e.tensor);
+    g.add_edge(r, e.to, EdgeKind::Data, e.tensor);
+  }
+}
+
+}  // namespace piper

@@ -1,0 +1,172 @@
+// A plan: everything one rank needs to train — the model description, its buffers and their sizes,
+// parameter buckets with the slices it owns, communicator groups as rank lists, and an ordered list of
+// instructions with streams and waits. DP replicas share one body; a small binding tells them apart.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/data.hpp"
+#include "model/model.hpp"
+#include "plan/optimizer_config.hpp"
+
+namespace piper {
+
+constexpr uint32_t kPlanVersion = 1;
+
+enum class Op : uint8_t {
+  Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
+  Update,                                            // AdamW on a bucket's owned range
+  Send, Recv,                                        // point-to-point (posted, completed later)
+  AllReduce, ReduceScatter, AllGather,               // collectives on a group
+  StepSync,                                          // all ranks: sum of [grad norm², loss]; sets the clip scale
+};
+const char* op_name(Op op);
+bool op_is_compute(Op op);
+// Posted now, complete later (point-to-point and collectives other than the step sync).
+bool op_is_async(Op op);
+
+enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
+constexpr int kBufferKinds = 6;
+const char* buffer_kind_name(BufferKind k);
+
+struct PlanBuffer {
+  uint64_t bytes = 0;
+  uint64_t zero_from = UINT64_MAX;  // bytes from here to the end are zeroed when allocated (padding)
+  BufferKind kind = BufferKind::Activation;
+  bool persistent = false;  // allocated once; otherwise allocated at first use, freed after its last use
+  int32_t uses = 0;         // instructions that reference it per step (transient buffers)
+  std::string name;         // for printing and traces
+};
+
+// A parameter present on this rank: where it lives inside its bucket.
+struct PlanParam {
+  int32_t model_param = -1;  // index into Plan::params
+  int32_t bucket = -1;
+  int64_t offset = 0;        // elements from the bucket start
+  bool home = true;          // false: a tied copy (not counted in the norm, not saved)
+};
+
+// What a collective group is, independently of which replica runs the plan.
+struct GroupRef {
+  enum class Kind : uint8_t { World, DeviceSet, AcrossSets } kind = GroupRef::Kind::World;
+  std::vector<int32_t> sets;  // DeviceSet: {set}; AcrossSets: the sets, same replica index in each
+  std::string stream;         // one communicator per group and stream keeps each one's order fixed
+  bool operator==(const GroupRef&) const = default;
+  auto operator<=>(const GroupRef&) const = default;
+  std::string str() const;
+};
+
+struct PlanBucket {
+  int32_t region = -1;
+  int64_t numel = 0;    // parameters in it
+  int64_t padded = 0;   // numel rounded up to a multiple of the group size
+  int32_t zero = -1;    // replication level; -1 not replicated
+  int32_t group = -1;   // index into Plan::groups of its data-parallel group; -1 none
+  int32_t group_size = 1;
+  int32_t param_buf = -1;        // full parameters (persistent, or transient when sharded)
+  int32_t grad_buf = -1;         // full gradients
+  int32_t param_shard_buf = -1;  // owned shard of parameters (sharded parameters only)
+  int32_t grad_shard_buf = -1;   // owned shard of gradients (sharded gradients only)
+  int32_t m_buf = -1, v_buf = -1;  // AdamW moments: full, or the owned shard
+  bool shard_params = false, shard_grads = false, shard_optimizer = false;
+  bool tied_copy = false;
+};
+
+// A range of a buffer; with per_replica set the offset moves by replica × count on each rank.
+struct Span {
+  int32_t buf = -1;
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool per_replica = false;
+};
+
+struct Instr {
+  Op op = Op::Forward;
+  uint8_t stream = 0;
+  uint8_t flags = 0;        // see kFlag*
+  int32_t node = -1;        // IR node, for traces and messages
+  int32_t segment = -1;     // compute: model segment
+  int32_t mb = -1;
+  int32_t bucket = -1;      // update and bucket collectives
+  int32_t group = -1;       // collectives: index into Plan::groups
+  int32_t peer_set = -1;    // send/recv: the other device set (same replica index)
+  int32_t tag = 0;          // send/recv: message tag (the IR id of the SEND)
+  // compute buffers (ids or -1)
+  int32_t in = -1, out = -1, stash = -1, wstash = -1, dout = -1, din = -1;
+  std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
+  uint32_t overwrite = 0;   // bit i: gradient of segment param i is written, not accumulated
+  int32_t sample_offset = 0;  // first sample of the microbatch within this replica's slice
+  int32_t samples = 0;
+  float loss_scale = 0;
+  // communication and update: destination `buf`, source `src` (-1: in place), scratch `tmp`
+  int32_t buf = -1, src = -1, tmp = -1, m = -1, v = -1;
+  int64_t offset = 0, src_offset = 0, count = 0;  // elements; count is per rank for RS/AG
+  std::vector<Span> spans;  // step sync: gradient ranges this rank counts in the norm
+  std::vector<int32_t> waits;  // instructions (on other streams) that must be complete first
+};
+constexpr uint8_t kFlagAccumulate = 1;   // reduce-scatter: add into buf instead of writing
+constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
+constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
+constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
+
+// Predicted per-kind peak bytes (compiler) for printing next to the runtime's measurement.
+struct MemoryEstimate {
+  uint64_t peak_by_kind[kBufferKinds] = {0};
+  uint64_t steady_by_kind[kBufferKinds] = {0};  // held between steps
+  uint64_t peak_total = 0;
+};
+
+struct Plan {
+  // ---- job-wide (identical in every plan) ----
+  std::string job_name;
+  std::string job_text;
+  std::string backend = "cpu";
+  uint64_t seed = 0;
+  int64_t steps = 0;
+  int64_t log_every = 1;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 0;
+  int threads = 0;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  ModelDims dims;
+  std::vector<ParamSpec> params;
+  std::vector<Segment> segments;
+  int world = 1;
+  std::vector<std::vector<int32_t>> sets;  // ranks of each device set
+  std::vector<GroupRef> all_groups;        // every group of the job, for communicator creation
+  int microbatches = 1;
+  int samples_per_replica = 0;
+
+  // ---- body: shared by the replicas of one device set ----
+  int set = -1;
+  std::vector<std::string> streams;
+  std::vector<PlanBuffer> buffers;
+  std::vector<PlanParam> plan_params;
+  std::vector<PlanBucket> buckets;
+  std::vector<GroupRef> groups;  // groups this body uses
+  std::vector<Instr> instrs;
+  int32_t workspace_buf = -1;
+  int32_t attn_scratch_buf = -1;  // backend-sized at run time; see attention_scratch_floats
+  MemoryEstimate memory;
+
+  // ---- binding: this rank ----
+  int rank = 0;
+  int replica = 0;  // position of this rank in its device set
+
+  std::vector<int32_t> group_ranks(const GroupRef& g) const;  // for this rank's replica
+  int peer_rank(int peer_set) const { return sets[size_t(peer_set)][size_t(replica)]; }
+};
+
+// Buffers an instruction reads and writes (sorted, unique).
+void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<int32_t>& writes);
+
+// Serialization: body and job-wide part together; the binding separately so bodies are shared.
+std::vector<uint8_t> serialize_plan(const Plan& plan);
+Plan deserialize_plan(const uint8_t* data, size_t size);
+// Human-readable dump.
+std::string plan_to_text(const Plan& plan);
+
+}  // namespace piper

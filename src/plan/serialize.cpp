@@ -1,0 +1,272 @@
+// Versioned binary form of a plan (what rank 0 sends each rank over MPI). Field by field, little-endian
+// as the machine stores it; a version mismatch or truncation is an error, never a guess.
+#include "plan/plan.hpp"
+#include "util/bytes.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x50495052;  // "PIPR"
+
+void put_optimizer(ByteWriter& w, const OptimizerConfig& o) {
+  w.put_string(o.kind);
+  for (double x : {o.lr, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip}) w.put(x);
+  w.put(o.warmup_steps);
+  w.put(o.decay_steps);
+}
+
+OptimizerConfig get_optimizer(ByteReader& r) {
+  OptimizerConfig o;
+  o.kind = r.get_string();
+  for (double* x : {&o.lr, &o.min_lr, &o.beta1, &o.beta2, &o.eps, &o.weight_decay, &o.grad_clip}) *x = r.get<double>();
+  o.warmup_steps = r.get<int64_t>();
+  o.decay_steps = r.get<int64_t>();
+  return o;
+}
+
+void put_data(ByteWriter& w, const DataConfig& d) {
+  w.put(uint8_t(d.kind));
+  w.put_string(d.path);
+  for (int x : {d.vocab, d.seq_len, int(d.sequential), d.batch, d.d_in, d.n_classes}) w.put<int32_t>(x);
+  w.put(d.seed);
+}
+
+DataConfig get_data(ByteReader& r) {
+  DataConfig d;
+  d.kind = DataConfig::Kind(r.get<uint8_t>());
+  d.path = r.get_string();
+  d.vocab = r.get<int32_t>();
+  d.seq_len = r.get<int32_t>();
+  d.sequential = r.get<int32_t>() != 0;
+  d.batch = r.get<int32_t>();
+  d.d_in = r.get<int32_t>();
+  d.n_classes = r.get<int32_t>();
+  d.seed = r.get<uint64_t>();
+  return d;
+}
+
+void put_int_vec(ByteWriter& w, const std::vector<int32_t>& v) { w.put_vector(v); }
+
+void put_instr(ByteWriter& w, const Instr& in) {
+  w.put(uint8_t(in.op));
+  w.put(in.stream);
+  w.put(in.flags);
+  for (int32_t x : {in.node, in.segment, in.mb, in.bucket, in.group, in.peer_set, in.tag, in.in, in.out, in.stash,
+                    in.wstash, in.dout, in.din, in.sample_offset, in.samples, in.buf, in.src, in.tmp, in.m, in.v})
+    w.put(x);
+  w.put(in.overwrite);
+  w.put(in.loss_scale);
+  w.put(in.offset);
+  w.put(in.src_offset);
+  w.put(in.count);
+  put_int_vec(w, in.pbuf);
+  put_int_vec(w, in.gbuf);
+  put_int_vec(w, in.waits);
+  w.put<uint32_t>(uint32_t(in.spans.size()));
+  for (const auto& s : in.spans) {
+    w.put(s.buf);
+    w.put(s.offset);
+    w.put(s.count);
+    w.put<uint8_t>(s.per_replica);
+  }
+}
+
+Instr get_instr(ByteReader& r) {
+  Instr in;
+  in.op = Op(r.get<uint8_t>());
+  in.stream = r.get<uint8_t>();
+  in.flags = r.get<uint8_t>();
+  for (int32_t* x : {&in.node, &in.segment, &in.mb, &in.bucket, &in.group, &in.peer_set, &in.tag, &in.in, &in.out,
+                     &in.stash, &in.wstash, &in.dout, &in.din, &in.sample_offset, &in.samples, &in.buf, &in.src,
+                     &in.tmp, &in.m, &in.v})
+    *x = r.get<int32_t>();
+  in.overwrite = r.get<uint32_t>();
+  in.loss_scale = r.get<float>();
+  in.offset = r.get<int64_t>();
+  in.src_offset = r.get<int64_t>();
+  in.count = r.get<int64_t>();
+  in.pbuf = r.get_vector<int32_t>();
+  in.gbuf = r.get_vector<int32_t>();
+  in.waits = r.get_vector<int32_t>();
+  uint32_t ns = r.get<uint32_t>();
+  for (uint32_t i = 0; i < ns; ++i) {
+    Span s;
+    s.buf = r.get<int32_t>();
+    s.offset = r.get<int64_t>();
+    s.count = r.get<int64_t>();
+    s.per_replica = r.get<uint8_t>() != 0;
+    in.spans.push_back(s);
+  }
+  return in;
+}
+
+void put_group(ByteWriter& w, const GroupRef& g) {
+  w.put(uint8_t(g.kind));
+  w.put_vector(g.sets);
+  w.put_string(g.stream);
+}
+
+GroupRef get_group(ByteReader& r) {
+  GroupRef g;
+  g.kind = GroupRef::Kind(r.get<uint8_t>());
+  g.sets = r.get_vector<int32_t>();
+  g.stream = r.get_string();
+  return g;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_plan(const Plan& p) {
+  ByteWriter w;
+  w.put(kMagic);
+  w.put(kPlanVersion);
+  // job-wide
+  w.put_string(p.job_name);
+  w.put_string(p.job_text);
+  w.put_string(p.backend);
+  w.put(p.seed);
+  w.put(p.steps);
+  w.put(p.log_every);
+  w.put_string(p.checkpoint_dir);
+  w.put(p.checkpoint_every);
+  w.put<int32_t>(p.checkpoint_keep);
+  w.put<int32_t>(p.threads);
+  put_optimizer(w, p.optimizer);
+  put_data(w, p.data);
+  w.put(p.dims);
+  w.put<uint32_t>(uint32_t(p.params.size()));
+  for (const auto& ps : p.params) {
+    w.put_string(ps.name);
+    w.put_vector(ps.shape);
+    w.put(ps.numel);
+    w.put(uint8_t(ps.init));
+    w.put(ps.init_std);
+    w.put<uint8_t>(ps.decay);
+  }
+  w.put<uint32_t>(uint32_t(p.segments.size()));
+  for (const auto& s : p.segments) {
+    w.put(uint8_t(s.kind));
+    w.put_string(s.name);
+    w.put<int32_t>(s.layer);
+    w.put_vector(s.params);
+    w.put(s.fwd_flops_per_sample);
+  }
+  w.put<int32_t>(p.world);
+  w.put<uint32_t>(uint32_t(p.sets.size()));
+  for (const auto& s : p.sets) w.put_vector(s);
+  w.put<uint32_t>(uint32_t(p.all_groups.size()));
+  for (const auto& g : p.all_groups) put_group(w, g);
+  w.put<int32_t>(p.microbatches);
+  w.put<int32_t>(p.samples_per_replica);
+  // body
+  w.put<int32_t>(p.set);
+  w.put<uint32_t>(uint32_t(p.streams.size()));
+  for (const auto& s : p.streams) w.put_string(s);
+  w.put<uint32_t>(uint32_t(p.buffers.size()));
+  for (const auto& b : p.buffers) {
+    w.put(b.bytes);
+    w.put(b.zero_from);
+    w.put(uint8_t(b.kind));
+    w.put<uint8_t>(b.persistent);
+    w.put(b.uses);
+    w.put_string(b.name);
+  }
+  w.put_vector(p.plan_params);
+  w.put<uint32_t>(uint32_t(p.buckets.size()));
+  for (const auto& b : p.buckets) w.put(b);
+  w.put<uint32_t>(uint32_t(p.groups.size()));
+  for (const auto& g : p.groups) put_group(w, g);
+  w.put<uint32_t>(uint32_t(p.instrs.size()));
+  for (const auto& in : p.instrs) put_instr(w, in);
+  w.put(p.workspace_buf);
+  w.put(p.attn_scratch_buf);
+  w.put(p.memory);
+  // binding
+  w.put<int32_t>(p.rank);
+  w.put<int32_t>(p.replica);
+  return std::move(w.bytes());
+}
+
+Plan deserialize_plan(const uint8_t* data, size_t size) {
+  ByteReader r(data, size);
+  if (r.get<uint32_t>() != kMagic) throw SystemError("not a plan (bad magic)");
+  uint32_t version = r.get<uint32_t>();
+  if (version != kPlanVersion)
+    throw SystemError(cat("plan version ", version, " but this piper reads version ", kPlanVersion,
+                          "; every rank must run the same piper build"));
+  Plan p;
+  p.job_name = r.get_string();
+  p.job_text = r.get_string();
+  p.backend = r.get_string();
+  p.seed = r.get<uint64_t>();
+  p.steps = r.get<int64_t>();
+  p.log_every = r.get<int64_t>();
+  p.checkpoint_dir = r.get_string();
+  p.checkpoint_every = r.get<int64_t>();
+  p.checkpoint_keep = r.get<int32_t>();
+  p.threads = r.get<int32_t>();
+  p.optimizer = get_optimizer(r);
+  p.data = get_data(r);
+  p.dims = r.get<ModelDims>();
+  uint32_t np = r.get<uint32_t>();
+  for (uint32_t i = 0; i < np; ++i) {
+    ParamSpec ps;
+    ps.name = r.get_string();
+    ps.shape = r.get_vector<int64_t>();
+    ps.numel = r.get<int64_t>();
+    ps.init = InitKind(r.get<uint8_t>());
+    ps.init_std = r.get<float>();
+    ps.decay = r.get<uint8_t>() != 0;
+    p.params.push_back(std::move(ps));
+  }
+  uint32_t ns = r.get<uint32_t>();
+  for (uint32_t i = 0; i < ns; ++i) {
+    Segment s;
+    s.kind = SegmentKind(r.get<uint8_t>());
+    s.name = r.get_string();
+    s.layer = r.get<int32_t>();
+    s.params = r.get_vector<int>();
+    s.fwd_flops_per_sample = r.get<double>();
+    p.segments.push_back(std::move(s));
+  }
+  p.world = r.get<int32_t>();
+  uint32_t nsets = r.get<uint32_t>();
+  for (uint32_t i = 0; i < nsets; ++i) p.sets.push_back(r.get_vector<int32_t>());
+  uint32_t ng = r.get<uint32_t>();
+  for (uint32_t i = 0; i < ng; ++i) p.all_groups.push_back(get_group(r));
+  p.microbatches = r.get<int32_t>();
+  p.samples_per_replica = r.get<int32_t>();
+  p.set = r.get<int32_t>();
+  uint32_t nstreams = r.get<uint32_t>();
+  for (uint32_t i = 0; i < nstreams; ++i) p.streams.push_back(r.get_string());
+  uint32_t nb = r.get<uint32_t>();
+  for (uint32_t i = 0; i < nb; ++i) {
+    PlanBuffer b;
+    b.bytes = r.get<uint64_t>();
+    b.zero_from = r.get<uint64_t>();
+    b.kind = BufferKind(r.get<uint8_t>());
+    b.persistent = r.get<uint8_t>() != 0;
+    b.uses = r.get<int32_t>();
+    b.name = r.get_string();
+    p.buffers.push_back(std::move(b));
+  }
+  p.plan_params = r.get_vector<PlanParam>();
+  uint32_t nbk = r.get<uint32_t>();
+  for (uint32_t i = 0; i < nbk; ++i) p.buckets.push_back(r.get<PlanBucket>());
+  uint32_t ngr = r.get<uint32_t>();
+  for (uint32_t i = 0; i < ngr; ++i) p.groups.push_back(get_group(r));
+  uint32_t ni = r.get<uint32_t>();
+  p.instrs.reserve(ni);
+  for (uint32_t i = 0; i < ni; ++i) p.instrs.push_back(get_instr(r));
+  p.workspace_buf = r.get<int32_t>();
+  p.attn_scratch_buf = r.get<int32_t>();
+  p.memory = r.get<MemoryEstimate>();
+  p.rank = r.get<int32_t>();
+  p.replica = r.get<int32_t>();
+  if (!r.done()) throw SystemError("plan has trailing bytes");
+  return p;
+}
+
+}  // namespace piper

@@ -1,0 +1,450 @@
+// Executor: stream threads, waits, posting and completing communication, and the per-instruction work
+// (segment kernels, data loading, AdamW on owned ranges, the step sync). See executor.hpp.
+#include "runtime/executor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "layers/layout.hpp"
+#include "layers/segments.hpp"
+#include "runtime/learning_rate.hpp"
+#include "util/error.hpp"
+#include "util/mpi_check.hpp"
+#include "util/timer.hpp"
+
+namespace piper {
+
+namespace {
+
+struct Aborted {};
+
+void backoff(int& round) {
+  if (round < 64) {
+    std::this_thread::yield();
+  } else {
+    int us = std::min(200, 5 << std::min(5, (round - 64) / 16));
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
+  ++round;
+}
+
+}  // namespace
+
+Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
+    : plan_(plan), backend_(backend), k_(backend.kernels()), world_(world), store_(plan, backend) {
+  t0_ = now_seconds();
+  if (plan_.attn_scratch_buf >= 0) {
+    const ModelDims& d = plan_.dims;
+    int samples = plan_.samples_per_replica / std::max(1, plan_.microbatches);
+    size_t floats = backend_.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads);
+    store_.resize(plan_.attn_scratch_buf, std::max<size_t>(floats, 1) * sizeof(float));
+  }
+  bool needs_data = false;
+  for (const auto& in : plan_.instrs)
+    if (in.op == Op::Forward && data_slot(plan_.segments[size_t(in.segment)]) != DataSlot::None) needs_data = true;
+  if (needs_data) data_ = std::make_unique<DataLoader>(plan_.data);
+
+  param_slot_.assign(plan_.params.size(), -1);
+  for (size_t i = 0; i < plan_.plan_params.size(); ++i) param_slot_[size_t(plan_.plan_params[i].model_param)] = int32_t(i);
+
+  touched_.resize(plan_.instrs.size());
+  std::vector<int32_t> reads, writes;
+  for (size_t i = 0; i < plan_.instrs.size(); ++i) {
+    instr_accesses(plan_.instrs[i], reads, writes);
+    auto& t = touched_[i];
+    t = reads;
+    t.insert(t.end(), writes.begin(), writes.end());
+    std::sort(t.begin(), t.end());
+    t.erase(std::unique(t.begin(), t.end()), t.end());
+  }
+  done_ = std::make_unique<std::atomic<int64_t>[]>(plan_.instrs.size());
+  for (size_t i = 0; i < plan_.instrs.size(); ++i) done_[i].store(0);
+
+  scalars_ = static_cast<double*>(backend_.allocate(4 * sizeof(double)));
+  backend_.zero(scalars_, 4 * sizeof(double));
+  make_communicators();
+  backend_.prepare_events(int(plan_.instrs.size()));
+
+  streams_.resize(plan_.streams.size());
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    streams_[s].id = int(s);
+    streams_[s].ctx = backend_.make_stream(plan_.streams[s]);
+  }
+  for (size_t i = 0; i < plan_.instrs.size(); ++i) streams_[plan_.instrs[i].stream].instrs.push_back(int32_t(i));
+  for (auto& s : streams_) s.thread = std::thread([this, &s] { stream_main(s); });
+}
+
+Executor::~Executor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  cv_start_.notify_all();
+  for (auto& s : streams_)
+    if (s.thread.joinable()) s.thread.join();
+  groups_.clear();
+  p2p_.reset();
+  backend_.release(scalars_, 4 * sizeof(double));
+}
+
+void Executor::make_communicators() {
+  const int my_set = plan_.set;
+  groups_.resize(plan_.groups.size());
+  for (const GroupRef& g : plan_.all_groups) {
+    int color = MPI_UNDEFINED, key = plan_.rank;
+    switch (g.kind) {
+      case GroupRef::Kind::World: color = 0; break;
+      case GroupRef::Kind::DeviceSet:
+        if (g.sets[0] == my_set) { color = 0; key = plan_.replica; }
+        break;
+      case GroupRef::Kind::AcrossSets:
+        for (size_t i = 0; i < g.sets.size(); ++i)
+          if (g.sets[i] == my_set) { color = plan_.replica; key = int(i); }
+        break;
+    }
+    MPI_Comm c = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(world_, color, key, &c));
+    if (c == MPI_COMM_NULL) continue;
+    auto it = std::find(plan_.groups.begin(), plan_.groups.end(), g);
+    if (it == plan_.groups.end()) {
+      MPI_Comm_free(&c);
+      continue;
+    }
+    groups_[size_t(it - plan_.groups.begin())] = backend_.make_communicator(c, world_);
+  }
+  MPI_Comm p2p;
+  MPI_CHECK(MPI_Comm_dup(world_, &p2p));
+  p2p_ = backend_.make_communicator(p2p, world_);
+}
+
+Communicator& Executor::group(int32_t g) {
+  PIPER_CHECK(g >= 0 && size_t(g) < groups_.size() && groups_[size_t(g)], "rank ", plan_.rank, " is not in group ", g);
+  return *groups_[size_t(g)];
+}
+
+int64_t Executor::shard_offset(const Instr& in, uint8_t flag) const {
+  return (in.flags & flag) ? int64_t(plan_.replica) * in.count : 0;
+}
+
+void Executor::init_parameters() {
+  std::vector<float> host;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const PlanBucket& pb = plan_.buckets[b];
+    const bool sharded = pb.shard_params;
+    const int64_t shard = pb.padded / pb.group_size;
+    const int64_t lo = sharded ? int64_t(plan_.replica) * shard : 0;
+    const int64_t hi = sharded ? lo + shard : pb.padded;
+    float* dst = store_.f(sharded ? pb.param_shard_buf : pb.param_buf);
+    for (const auto& pp : plan_.plan_params) {
+      if (pp.bucket != int32_t(b)) continue;
+      const ParamSpec& spec = plan_.params[size_t(pp.model_param)];
+      int64_t a = std::max(lo, pp.offset), e = std::min(hi, pp.offset + spec.numel);
+      if (a >= e) continue;
+      host.resize(size_t(e - a));
+      init_param_range(spec, plan_.seed, a - pp.offset, e - a, host.data());
+      k_.upload(dst + (a - lo), host.data(), size_t(e - a) * sizeof(float));
+    }
+  }
+}
+
+StepMetrics Executor::run_step(int64_t step) {
+  step_ = step;
+  lr_ = learning_rate(plan_.optimizer, step);
+  store_.begin_step();
+  backend_.zero(scalars_, 4 * sizeof(double));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++epoch_;
+    ++generation_;
+    finished_ = 0;
+  }
+  cv_start_.notify_all();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, [&] { return finished_ == int(streams_.size()); });
+  }
+  if (error_) std::rethrow_exception(error_);
+  metrics_.lr = lr_;
+  return metrics_;
+}
+
+std::vector<TraceEvent> Executor::take_trace() {
+  std::vector<TraceEvent> all;
+  for (auto& s : streams_) {
+    all.insert(all.end(), s.trace.begin(), s.trace.end());
+    s.trace.clear();
+  }
+  return all;
+}
+
+void Executor::stream_main(Stream& s) {
+  int64_t seen = 0;
+  backend_.bind(s.ctx.get());
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_start_.wait(lock, [&] { return shutdown_ || generation_ != seen; });
+      if (shutdown_) return;
+      seen = generation_;
+    }
+    try {
+      run_stream_step(s);
+    } catch (const Aborted&) {
+      s.pending.clear();
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      abort_ = true;
+      for (size_t i = 0; i < plan_.instrs.size(); ++i) {
+        done_[i].store(-1);
+        done_[i].notify_all();
+      }
+      s.pending.clear();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++finished_;
+    }
+    cv_done_.notify_all();
+  }
+}
+
+void Executor::run_stream_step(Stream& s) {
+  for (int32_t i : s.instrs) {
+    const Instr& in = plan_.instrs[size_t(i)];
+    for (int32_t j : in.waits) {
+      wait_for(s, j);
+      backend_.wait(s.ctx.get(), j);
+    }
+    if (abort_) throw Aborted{};
+    for (int32_t b : touched_[size_t(i)]) store_.acquire(b);
+    execute(s, i);
+    poll(s);
+  }
+  int round = 0;
+  while (!s.pending.empty()) {
+    if (abort_) throw Aborted{};
+    poll(s);
+    if (!s.pending.empty()) backoff(round);
+  }
+}
+
+void Executor::wait_for(Stream& s, int32_t j) {
+  int round = 0;
+  while (true) {
+    int64_t v = done_[size_t(j)].load(std::memory_order_acquire);
+    if (v == epoch_) return;
+    if (abort_ || v < 0) throw Aborted{};
+    if (!s.pending.empty()) {
+      poll(s);
+      backoff(round);
+    } else {
+      done_[size_t(j)].wait(v, std::memory_order_acquire);
+    }
+  }
+}
+
+void Executor::poll(Stream& s) {
+  for (size_t k = 0; k < s.pending.size();) {
+    if (!s.pending[k].handle->test()) {
+      ++k;
+      continue;
+    }
+    int32_t i = s.pending[k].instr;
+    s.pending.erase(s.pending.begin() + long(k));
+    const Instr& in = plan_.instrs[size_t(i)];
+    if (in.op == Op::ReduceScatter && in.tmp >= 0) finish_reduce_scatter(in);
+    complete(s, i);
+  }
+}
+
+void Executor::complete(Stream& s, int32_t i) {
+  backend_.record(s.ctx.get(), i);
+  for (int32_t b : touched_[size_t(i)]) store_.release_use(b);
+  if (tracing_) s.trace.back().end = now_seconds() - t0_;
+  done_[size_t(i)].store(epoch_, std::memory_order_release);
+  done_[size_t(i)].notify_all();
+}
+
+void Executor::execute(Stream& s, int32_t i) {
+  const Instr& in = plan_.instrs[size_t(i)];
+  if (tracing_) s.trace.push_back({i, now_seconds() - t0_, 0});
+  StreamContext* ctx = s.ctx.get();
+  auto post = [&](std::unique_ptr<CommHandle> h) { s.pending.push_back({i, std::move(h)}); };
+  switch (in.op) {
+    case Op::Forward:
+    case Op::Backward:
+    case Op::BackwardInput:
+    case Op::BackwardWeight:
+      run_compute(in);
+      break;
+    case Op::Update: run_update(in); break;
+    case Op::StepSync: run_step_sync(in); break;
+    case Op::Send:
+      post(p2p_->send(store_.f(in.buf) + in.offset, size_t(in.count), plan_.peer_rank(in.peer_set), in.tag, ctx));
+      return;
+    case Op::Recv:
+      post(p2p_->recv(store_.f(in.buf) + in.offset, size_t(in.count), plan_.peer_rank(in.peer_set), in.tag, ctx));
+      return;
+    case Op::AllReduce:
+      post(group(in.group).all_reduce(store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard), size_t(in.count), ctx));
+      return;
+    case Op::ReduceScatter: {
+      const float* src = store_.f(in.src) + in.src_offset;
+      float* dst = in.tmp >= 0 ? store_.f(in.tmp) : store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard);
+      post(group(in.group).reduce_scatter(src, dst, size_t(in.count), ctx));
+      return;
+    }
+    case Op::AllGather: {
+      const float* src = in.src >= 0 ? store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard) : nullptr;
+      post(group(in.group).all_gather(src, store_.f(in.buf) + in.offset, size_t(in.count), ctx));
+      return;
+    }
+  }
+  backend_.synchronize(ctx);
+  complete(s, i);
+}
+
+void Executor::finish_reduce_scatter(const Instr& in) {
+  float* dst = store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard);
+  const float* tmp = store_.f(in.tmp);
+  if (in.flags & kFlagAccumulate) k_.accumulate(dst, tmp, size_t(in.count));
+  else k_.copy(dst, tmp, size_t(in.count) * sizeof(float));
+}
+
+void Executor::load_data(const Instr& in, void* stash) {
+  const Segment& seg = plan_.segments[size_t(in.segment)];
+  const int first = plan_.replica * plan_.samples_per_replica + in.sample_offset;
+  const int n = in.samples;
+  const int T = plan_.dims.seq_len;
+  switch (data_slot(seg)) {
+    case DataSlot::Tokens:
+    case DataSlot::Targets: {
+      const bool gpt = plan_.dims.is_gpt();
+      size_t count = gpt ? size_t(n) * T : size_t(n);
+      host_staging_.resize(count * sizeof(int32_t));
+      auto* ids = reinterpret_cast<int32_t*>(host_staging_.data());
+      if (!gpt) data_->labels(step_, first, n, ids);
+      else if (data_slot(seg) == DataSlot::Tokens) data_->inputs(step_, first, n, ids);
+      else data_->targets(step_, first, n, ids);
+      k_.upload(stash, ids, count * sizeof(int32_t));
+      break;
+    }
+    case DataSlot::Features: {
+      size_t count = size_t(n) * plan_.dims.d_in;
+      host_staging_.resize(count * sizeof(float));
+      auto* x = reinterpret_cast<float*>(host_staging_.data());
+      data_->features(step_, first, n, x);
+      k_.upload(stash, x, count * sizeof(float));
+      break;
+    }
+    case DataSlot::None: break;
+  }
+}
+
+void Executor::run_compute(const Instr& in) {
+  const Segment& seg = plan_.segments[size_t(in.segment)];
+  const size_t np = seg.params.size();
+  float* w[16] = {nullptr};
+  float* g[16] = {nullptr};
+  PIPER_CHECK(np <= 16, "segment with more than 16 parameters");
+  for (size_t i = 0; i < np; ++i) {
+    const PlanParam& pp = plan_.plan_params[size_t(param_slot_[size_t(seg.params[i])])];
+    if (i < in.pbuf.size() && in.pbuf[i] >= 0) w[i] = store_.f(in.pbuf[i]) + pp.offset;
+    if (i < in.gbuf.size() && in.gbuf[i] >= 0) g[i] = store_.f(in.gbuf[i]) + pp.offset;
+  }
+  SegmentIO io;
+  io.samples = in.samples;
+  io.w = w;
+  io.g = g;
+  io.overwrite = in.overwrite;
+  io.in = in.in >= 0 ? store_.f(in.in) : nullptr;
+  io.out = in.out >= 0 ? store_.f(in.out) : nullptr;
+  io.stash = store_.acquire(in.stash);
+  io.dout = in.dout >= 0 ? store_.f(in.dout) : nullptr;
+  io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
+  io.loss_sum = scalars_;
+  io.loss_scale = in.loss_scale;
+  if (plan_.attn_scratch_buf >= 0) io.attn_scratch = store_.f(plan_.attn_scratch_buf);
+  float* workspace = store_.f(plan_.workspace_buf);
+  const ModelDims& d = plan_.dims;
+  switch (in.op) {
+    case Op::Forward:
+      if (data_slot(seg) != DataSlot::None) load_data(in, io.stash);
+      segment_forward(k_, seg, d, io);
+      break;
+    case Op::Backward: {
+      // fused: the weight-gradient inputs live in the workspace, scratch after them
+      size_t wst = segment_sizes(seg, d, in.samples).wstash_bytes / sizeof(float);
+      io.wstash = workspace;
+      io.workspace = workspace + wst;
+      segment_backward_input(k_, seg, d, io);
+      segment_backward_weight(k_, seg, d, io);
+      break;
+    }
+    case Op::BackwardInput:
+      io.wstash = in.wstash >= 0 ? store_.f(in.wstash) : nullptr;
+      io.workspace = workspace;
+      segment_backward_input(k_, seg, d, io);
+      break;
+    case Op::BackwardWeight:
+      io.wstash = in.wstash >= 0 ? store_.f(in.wstash) : nullptr;
+      segment_backward_weight(k_, seg, d, io);
+      break;
+    default: break;
+  }
+}
+
+void Executor::run_update(const Instr& in) {
+  const OptimizerConfig& o = plan_.optimizer;
+  AdamWArgs args;
+  args.lr = float(lr_);
+  args.beta1 = float(o.beta1);
+  args.beta2 = float(o.beta2);
+  args.eps = float(o.eps);
+  args.grad_scale = float(clip_scale_);
+  args.step = step_ + 1;
+  const int64_t lo = shard_offset(in, kFlagBucketShard), hi = lo + in.count;
+  float* p = store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard);
+  float* gr = store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard);
+  float* m = store_.f(in.m);
+  float* v = store_.f(in.v);
+  for (const auto& pp : plan_.plan_params) {
+    if (pp.bucket != in.bucket) continue;
+    const ParamSpec& spec = plan_.params[size_t(pp.model_param)];
+    int64_t a = std::max(lo, pp.offset), e = std::min(hi, pp.offset + spec.numel);
+    if (a >= e) continue;
+    args.weight_decay = spec.decay ? float(o.weight_decay) : 0.f;
+    const int64_t at = a - lo;
+    k_.adamw(p + at, gr + at, m + at, v + at, size_t(e - a), args);
+  }
+}
+
+void Executor::run_step_sync(const Instr& in) {
+  for (const auto& s : in.spans) {
+    int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
+    k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
+  }
+  double local[2];
+  k_.download(local, scalars_, sizeof(local));
+  double global[2];
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallreduce(local, global, 2, MPI_DOUBLE, MPI_SUM, world_, &r));
+  int flag = 0, round = 0;
+  while (true) {
+    MPI_CHECK(MPI_Test(&r, &flag, MPI_STATUS_IGNORE));
+    if (flag) break;
+    if (abort_) throw Aborted{};
+    backoff(round);
+  }
+  metrics_.loss = global[0];
+  metrics_.grad_norm = std::sqrt(global[1]);
+  const double clip = plan_.optimizer.grad_clip;
+  clip_scale_ = (clip > 0 && metrics_.grad_norm > clip) ? clip / (metrics_.grad_norm + 1e-6) : 1.0;
+}
+
+}  // namespace piper

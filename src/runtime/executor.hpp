@@ -1,0 +1,118 @@
+// The executor runs one plan, step after step, on any backend. Each plan stream is an in-order queue
+// served by its own thread; instructions wait for the instructions they depend on; communication is
+// posted and completed later. It knows instructions and buffers, never strategies.
+#pragma once
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "data/data.hpp"
+#include "plan/plan.hpp"
+#include "runtime/buffer_store.hpp"
+
+namespace piper {
+
+struct StepMetrics {
+  double loss = 0;       // mean cross-entropy of the global batch
+  double grad_norm = 0;  // global gradient norm before clipping
+  double lr = 0;
+};
+
+// One timed span of an instruction, for traces.
+struct TraceEvent {
+  int32_t instr;
+  double start, end;  // seconds since the executor started
+};
+
+class Executor {
+ public:
+  Executor(const Plan& plan, Backend& backend, MPI_Comm world);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Fills parameters from the strategy-independent init rule and zeroes optimizer state.
+  void init_parameters();
+  StepMetrics run_step(int64_t step);
+
+  const Plan& plan() const { return plan_; }
+  BufferStore& buffers() { return store_; }
+  Backend& backend() { return backend_; }
+  MPI_Comm world() const { return world_; }
+  // Where parameter `pp` (a plan param) lives: pointer to its element `index` of the bucket layout.
+  float* bucket_ptr(int32_t buf, int64_t offset) { return store_.f(buf) + offset; }
+
+  void enable_trace(bool on) { tracing_ = on; }
+  std::vector<TraceEvent> take_trace();
+
+ private:
+  struct Pending {
+    int32_t instr;
+    std::unique_ptr<CommHandle> handle;
+  };
+  struct Stream {
+    int id = 0;
+    std::vector<int32_t> instrs;
+    std::unique_ptr<StreamContext> ctx;
+    std::vector<Pending> pending;
+    std::thread thread;
+    std::vector<TraceEvent> trace;
+  };
+
+  void stream_main(Stream& s);
+  void run_stream_step(Stream& s);
+  void wait_for(Stream& s, int32_t j);
+  void poll(Stream& s);
+  void execute(Stream& s, int32_t i);
+  void complete(Stream& s, int32_t i);
+  void run_compute(const Instr& in);
+  void load_data(const Instr& in, void* stash);
+  void run_update(const Instr& in);
+  void run_step_sync(const Instr& in);
+  void finish_reduce_scatter(const Instr& in);
+  void make_communicators();
+  Communicator& group(int32_t g);
+  int64_t shard_offset(const Instr& in, uint8_t flag) const;
+
+  const Plan& plan_;
+  Backend& backend_;
+  Kernels& k_;
+  MPI_Comm world_;
+  BufferStore store_;
+  std::unique_ptr<DataLoader> data_;
+  std::vector<std::unique_ptr<Communicator>> groups_;  // by index into plan.groups
+  std::unique_ptr<Communicator> p2p_;
+  std::vector<std::vector<int32_t>> touched_;  // buffers each instruction uses
+  std::vector<int32_t> param_slot_;            // model param → plan param
+  std::vector<Stream> streams_;
+  std::unique_ptr<std::atomic<int64_t>[]> done_;
+  double* scalars_ = nullptr;  // device: [0] loss sum, [1] grad sum of squares
+  std::vector<uint8_t> host_staging_;
+
+  // step state
+  int64_t step_ = 0;
+  int64_t epoch_ = 0;
+  double clip_scale_ = 1;
+  double lr_ = 0;
+  StepMetrics metrics_;
+
+  // coordination
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  int64_t generation_ = 0;
+  int finished_ = 0;
+  bool shutdown_ = false;
+  std::atomic<bool> abort_{false};
+  std::exception_ptr error_;
+  bool tracing_ = false;
+  double t0_ = 0;
+};
+
+}  // namespace piper

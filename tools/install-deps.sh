@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Piper needs to build, test and run, only those missing.
+# Called by `make`; safe to run again (does nothing when everything is present).
+set -euo pipefail
+
+PKGS=(g++ cmake make pkg-config
+      openmpi-bin libopenmpi-dev
+      libhdf5-dev hdf5-tools
+      libboost-program-options-dev
+      libtomlplusplus-dev
+      catch2
+      libopenblas-dev
+      fortunes-min fortunes)
+PKGS+=("$@")
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 2; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
