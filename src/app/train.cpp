@@ -110,6 +110,13 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                 plan.world == 1 ? "" : "s", backend->name().c_str(), threads, threads == 1 ? "" : "s",
                 static_cast<long long>(start), static_cast<long long>(end));
   const double tokens_per_step = double(plan.data.batch) * plan.dims.rows_per_sample();
+  // model FLOPs of one step: forward + backward (2x forward) of every segment for the global batch
+  double flops_per_step = 0;
+  for (const auto& seg : plan.segments) flops_per_step += 3.0 * seg.fwd_flops_per_sample * plan.data.batch;
+  if (rank == 0)
+    std::printf("model: %lld parameters, %.3f GFLOP per step (%.0f FLOP per token)\n",
+                [&] { long long n = 0; for (const auto& p : plan.params) n += p.numel; return n; }(),
+                flops_per_step / 1e9, flops_per_step / tokens_per_step);
   int64_t last_saved = -1;
   for (int64_t step = start; step < end; ++step) {
     double t0 = now_seconds();
@@ -124,8 +131,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
         char line[256];
         std::snprintf(line, sizeof(line),
                       "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
-                      "\"ms\": %.6g}\n",
-                      static_cast<long long>(step + 1), m.loss, m.lr, m.grad_norm, tokens_per_step / dt, dt * 1e3);
+                      "\"ms\": %.6g, \"flops_per_s\": %.6g}\n",
+                      static_cast<long long>(step + 1), m.loss, m.lr, m.grad_norm, tokens_per_step / dt, dt * 1e3,
+                      flops_per_step / dt);
         metrics << line << std::flush;
       }
     }

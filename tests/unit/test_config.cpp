@@ -1,0 +1,134 @@
+// Job-file validation: every class of error names file:line:column, the key, what was found and what
+// was expected; --set overrides apply and are named as the source when they are wrong.
+#include <catch2/catch.hpp>
+
+#include "config/load.hpp"
+#include "util/error.hpp"
+
+using namespace piper;
+
+namespace {
+
+const char* kBase = R"(
+[job]
+name = "t"
+steps = 10
+
+[model]
+kind = "mlp"
+d_in = 8
+d_hidden = 16
+n_layers = 2
+n_classes = 4
+
+[data]
+batch = 8
+)";
+
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    load_job_text(text, "job.toml", sets);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a valid job loads with defaults and overrides", "[config]") {
+  JobSpec s = load_job_text(kBase, "job.toml", {"model.n_layers=3", "optimizer.lr=0.01", "job.name=renamed"});
+  CHECK(s.model.n_layers == 3);
+  CHECK(s.optimizer.lr == Approx(0.01));
+  CHECK(s.job.name == "renamed");
+  CHECK(s.optimizer.decay_steps == 10);  // defaults to job.steps
+  CHECK(s.text.find("# --set model.n_layers=3") != std::string::npos);
+}
+
+TEST_CASE("unknown keys are rejected with location and a suggestion", "[config]") {
+  std::string e = error_of(std::string(kBase) + "\n[optimizer]\nlearning_rate = 0.1\n");
+  CHECK(e.find("job.toml:17:1") != std::string::npos);
+  CHECK(e.find("unknown key 'optimizer.learning_rate'") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[optimizer]\nwarmup_step = 3\n");
+  CHECK(e.find("did you mean 'optimizer.warmup_steps'") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[nonsense]\nx = 1\n");
+  CHECK(e.find("unknown key 'nonsense'") != std::string::npos);
+}
+
+TEST_CASE("wrong types name the key, what was found and what was expected", "[config]") {
+  std::string e = error_of(std::string(kBase) + "\n[optimizer]\nlr = \"fast\"\n");
+  CHECK(e.find("job.toml:17:6") != std::string::npos);
+  CHECK(e.find("optimizer.lr") != std::string::npos);
+  CHECK(e.find("expected a number > 0") != std::string::npos);
+  CHECK(e.find("found string \"fast\"") != std::string::npos);
+  e = error_of("[job]\nsteps = 2.5\n[model]\nkind=\"mlp\"\n");
+  CHECK(e.find("job.steps: expected an integer >= 1, found float 2.5") != std::string::npos);
+  e = error_of("[job]\nname = 3\n[model]\nkind=\"mlp\"\n");
+  CHECK(e.find("job.name: expected a string, found integer 3") != std::string::npos);
+}
+
+TEST_CASE("out-of-range values are rejected", "[config]") {
+  std::string e = error_of(kBase, {"model.n_layers=0"});
+  CHECK(e.find("--set model.n_layers") != std::string::npos);
+  CHECK(e.find("expected an integer in [1, 100000], found integer 0") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[optimizer]\nbeta1 = 1.5\n");
+  CHECK(e.find("optimizer.beta1: expected a number >= 0 and <= 0.999999, found float 1.5") != std::string::npos);
+  e = error_of(kBase, {"job.backend=\"tpu\""});
+  CHECK(e.find("expected one of \"cpu\", \"cuda\", found string \"tpu\"") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[mesh]\nzero = 4\n");
+  CHECK(e.find("mesh.zero: expected an integer in [0, 3], found integer 4") != std::string::npos);
+}
+
+TEST_CASE("cross-key rules name both keys", "[config]") {
+  std::string e = error_of("[model]\nkind = \"gpt\"\nd_model = 10\nn_heads = 3\n[data]\npath = \"data/fortunes.txt\"\n");
+  CHECK(e.find("model.n_heads: n_heads (3) must divide d_model (10)") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[optimizer]\nlr = 0.001\nmin_lr = 0.01\n");
+  CHECK(e.find("min_lr (0.01) must not exceed lr (0.001)") != std::string::npos);
+}
+
+TEST_CASE("TOML syntax errors give line and column", "[config]") {
+  std::string e = error_of("[job]\nsteps = = 3\n");
+  CHECK(e.find("job.toml:2:") != std::string::npos);
+  CHECK(e.find("TOML syntax error") != std::string::npos);
+}
+
+TEST_CASE("missing data is an error that says how to get it", "[config]") {
+  std::string e = error_of("[model]\nkind = \"gpt\"\n[data]\npath = \"no/such/file.txt\"\n");
+  CHECK(e.find("data.path") != std::string::npos);
+  CHECK(e.find("no readable file 'no/such/file.txt'") != std::string::npos);
+  CHECK(e.find("make data") != std::string::npos);
+  e = error_of("[model]\nkind = \"gpt\"\n");
+  CHECK(e.find("[data]: missing") != std::string::npos);
+}
+
+TEST_CASE("annotations are checked against the model", "[config]") {
+  std::string e = error_of(std::string(kBase) + "\n[[annotate]]\ntag = \"PP\"\nlayers = [[0, 0], [1, 5]]\n");
+  CHECK(e.find("annotate.0.layers[1]") != std::string::npos);
+  CHECK(e.find("outside the model's layers 0..1") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[annotate]]\ntag = \"PP\"\nlayers = [[1, 1], [0, 0]]\n");
+  CHECK(e.find("inside or before the previous range") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[annotate]]\ntag = \"MB\"\nlayers = [[0, 1]]\n");
+  CHECK(e.find("'MB' is reserved") != std::string::npos);
+}
+
+TEST_CASE("directives are checked per op", "[config]") {
+  std::string e = error_of(std::string(kBase) + "\n[[directive]]\nop = \"spilt\"\n");
+  CHECK(e.find("directive.0.op: expected one of \"split\"") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[directive]]\nop = \"place\"\nfilter = { PP = 0 }\n");
+  CHECK(e.find("directive.0.devices: expected a non-empty array of rank numbers, found nothing") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[directive]]\nop = \"split\"\ncount = 2\ndevices = [0]\n");
+  CHECK(e.find("unknown key 'directive.0.devices'") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[directive]]\nop = \"order\"\nfilters = [[{ PASS = \"X\" }]]\n");
+  CHECK(e.find("expected one of \"F\", \"B\", \"BI\", \"BW\"") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[directive]]\nop = \"place\"\nfilter = { PP = 0 }\ndevices = [0, 0]\n");
+  CHECK(e.find("rank 0 appears twice") != std::string::npos);
+}
+
+TEST_CASE("malformed --set overrides are rejected", "[config]") {
+  CHECK(error_of(kBase, {"model.n_layers"}).find("expected key.path=value") != std::string::npos);
+  CHECK(error_of(kBase, {"model..x=1"}).find("empty component") != std::string::npos);
+  CHECK(error_of(kBase, {"model.n_layer=2"}).find("--set model.n_layer") != std::string::npos);
+  // an unquoted word is taken as a string
+  JobSpec s = load_job_text(kBase, "job.toml", {"job.name=plain"});
+  CHECK(s.job.name == "plain");
+}
