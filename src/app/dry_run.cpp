@@ -51,8 +51,8 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 }  // namespace
 
 int dry_run(const CliOptions& opts, int world_size) {
-  JobSpec spec = load_and_check(opts);
   const int world = opts.world > 0 ? opts.world : world_size;
+  JobSpec spec = load_and_check(opts, world);
   CompileResult result;
   compile_job(spec, world, result);
   const Graph& g = result.graph;

@@ -19,9 +19,9 @@ void print_error(const std::string& what) {
   std::fflush(stderr);
 }
 
-JobSpec load_and_check(const CliOptions& opts) {
+JobSpec load_and_check(const CliOptions& opts, int world) {
   JobSpec spec = load_job(opts.config, opts.overrides);
-  expand_mesh(spec);
+  expand_mesh(spec, world);
   if (spec.model.kind == "gpt") {
     DataConfig d;
     d.kind = DataConfig::Kind::Tokens;
@@ -43,7 +43,7 @@ Plan launch(const CliOptions& opts, MPI_Comm world) {
   std::vector<int> counts(static_cast<size_t>(size), 0), displs(static_cast<size_t>(size), 0);
   if (rank == 0) {
     try {
-      JobSpec spec = load_and_check(opts);
+      JobSpec spec = load_and_check(opts, size);
       CompileResult result;
       compile_job(spec, size, result);
       auto sets_of = rank_sets(result.graph);

@@ -15,7 +15,7 @@ struct ExitRequest {
 };
 
 // Reads, validates and [mesh]-expands the job; checks the data against the model.
-JobSpec load_and_check(const CliOptions& opts);
+JobSpec load_and_check(const CliOptions& opts, int world);
 
 // Collective over `world`.
 Plan launch(const CliOptions& opts, MPI_Comm world);

@@ -95,7 +95,16 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     }
     path = broadcast_string(path, world);
     if (!path.empty()) {
-      start = load_checkpoint(ex, path);
+      // Every rank reads its own ranges; a bad file ends all ranks together with exit code 2.
+      int failed = 0, any_failed = 0;
+      try {
+        start = load_checkpoint(ex, path);
+      } catch (const UserError& e) {
+        std::fprintf(stderr, "piper: rank %d: error: %s\n", rank, e.what());
+        failed = 1;
+      }
+      MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, world));
+      if (any_failed) return 2;
       if (rank == 0) std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(start));
     }
   }

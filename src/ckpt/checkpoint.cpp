@@ -135,7 +135,7 @@ void read_range(hid_t file, const std::string& path, const char* group, const Pa
   H5Handle mem(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
   std::vector<float> tmp(n);
   if (H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, tmp.data()) < 0)
-    throw SystemError(cat(path, ": reading '", name, "' failed (checksum mismatch or damaged file)"));
+    throw UserError(cat(path, ": reading '", name, "' failed: checksum mismatch or damaged file"));
   std::copy(tmp.begin() + long(hsize_t(begin) - r0 * cols), tmp.begin() + long(hsize_t(begin) - r0 * cols + hsize_t(count)),
             out);
 }

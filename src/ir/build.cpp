@@ -67,7 +67,8 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
     f.kind = NodeKind::F;
     f.tags = r.tags;
     f.region = r.id;
-    f.mb = 0;
+    f.mb = 0;  // one microbatch until a split makes more
+    f.tags["MB"] = 0;
     f.flops = flops * spec.data.batch;
     fwd[size_t(r.id)] = g.add_node(f);
     Node b = f;
@@ -89,11 +90,11 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
 
   for (int r = 0; r < R; ++r) {
     const Region& reg = g.regions[size_t(r)];
-    g.add_edge(fwd[size_t(r)], bwd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::Stash, reg.seg_begin, -1});
+    g.add_edge(fwd[size_t(r)], bwd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::Stash, reg.seg_begin, 0});
     if (r + 1 < R) {
       int boundary = g.regions[size_t(r + 1)].seg_begin;
-      g.add_edge(fwd[size_t(r)], fwd[size_t(r + 1)], EdgeKind::Data, {TensorRef::Kind::Act, boundary, -1});
-      g.add_edge(bwd[size_t(r + 1)], bwd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::ActGrad, boundary, -1});
+      g.add_edge(fwd[size_t(r)], fwd[size_t(r + 1)], EdgeKind::Data, {TensorRef::Kind::Act, boundary, 0});
+      g.add_edge(bwd[size_t(r + 1)], bwd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::ActGrad, boundary, 0});
     }
     g.add_edge(bwd[size_t(r)], sync_id, EdgeKind::Data, {TensorRef::Kind::Grads, -1, -1});
     g.add_edge(sync_id, upd[size_t(r)], EdgeKind::Data, {TensorRef::Kind::Scalars, -1, -1});

@@ -88,6 +88,7 @@ struct Region {
 struct DeviceSet {
   std::vector<int> ranks;
   int directive = -1;  // the place directive that made it
+  std::string origin;  // that directive, described for messages
 };
 
 // Parameters reduced/gathered/updated together; buckets never span regions.

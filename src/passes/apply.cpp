@@ -118,9 +118,13 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   for (const auto& d : replicates) mark_replicate(g, d);
   for (const auto& r : g.regions) {
     const auto& set = g.sets[size_t(r.device_set)];
-    if (set.ranks.size() > 1 && r.zero < 0)
-      throw UserError(cat(r.label(), " runs on ", set.ranks.size(), " ranks (device set of directive #", set.directive,
-                          ") but no replicate directive covers it; add op = \"replicate\" for it"));
+    if (set.ranks.size() > 1 && r.zero < 0) {
+      std::string which = set.directive >= 0 ? cat("the device set of directive #", set.directive)
+                                             : std::string("all ranks, as no place directive is given");
+      throw UserError(cat(r.label(), " runs on ", set.ranks.size(), " ranks (", which,
+                          ") but no replicate directive covers it; add op = \"replicate\" (or [mesh] dp = ",
+                          set.ranks.size(), ")"));
+    }
   }
   make_buckets(g);
   insert_replication(g);

@@ -6,9 +6,13 @@
 
 namespace piper {
 
-void expand_mesh(JobSpec& spec) {
+void expand_mesh(JobSpec& spec, int world) {
   const MeshSpec& mesh = spec.mesh;
   if (!mesh.present) return;
+  if (mesh.pp * mesh.dp != world)
+    throw UserError(cat(mesh.loc.str(), ": [mesh] pp = ", mesh.pp, " × dp = ", mesh.dp, " = ", mesh.pp * mesh.dp,
+                        " ranks, but the job runs on ", world, " rank", world == 1 ? "" : "s",
+                        "; run with -np ", mesh.pp * mesh.dp, " or change [mesh]"));
   auto has_op = [&](const std::string& op) {
     for (const auto& d : spec.directives)
       if (d.op == op) return true;

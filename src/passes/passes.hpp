@@ -24,7 +24,8 @@ bool region_uses_bucket(const Graph& g, int region, int bucket);
 bool writes_grads(const Node& n);
 
 // Expands [mesh] into annotations and directives (only what the job does not already say).
-void expand_mesh(JobSpec& spec);
+// `world` is the number of ranks the job runs on; pp × dp must equal it.
+void expand_mesh(JobSpec& spec, int world);
 
 // Runs every pass; schedule directives are expanded into order directives first. Returns the
 // directives as applied (generated ones included) so that --dry-run can print them.

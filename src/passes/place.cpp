@@ -47,7 +47,7 @@ void apply_place(Graph& g, const std::vector<Directive>& places) {
                               " in both); device sets must be equal or disjoint"));
     }
     if (set_id < 0) {
-      g.sets.push_back(DeviceSet{d.devices, d.index});
+      g.sets.push_back(DeviceSet{d.devices, d.index, d.describe()});
       set_id = int(g.sets.size()) - 1;
     }
     int matched = 0;
@@ -72,7 +72,7 @@ void apply_place(Graph& g, const std::vector<Directive>& places) {
   const size_t size0 = g.sets[0].ranks.size();
   for (const auto& s : g.sets)
     if (s.ranks.size() != size0)
-      throw UserError(cat("directive #", s.directive, ": device set ", ranks_str(s.ranks), " has ", s.ranks.size(),
+      throw UserError(cat(s.origin, ": device set ", ranks_str(s.ranks), " has ", s.ranks.size(),
                           " ranks but device set ", ranks_str(g.sets[0].ranks), " of directive #", g.sets[0].directive,
                           " has ", size0, "; all device sets must have the same size"));
   std::set<int> covered;

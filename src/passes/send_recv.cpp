@@ -32,7 +32,7 @@ void insert_send_recv(Graph& g) {
     Node send;
     send.kind = NodeKind::SEND;
     send.tags = from.tags;
-    send.mb = e.tensor.mb;
+    send.mb = from.mb;  // compute nodes always carry their microbatch (0 before any split)
     send.device_set = from.device_set;
     send.peer_set = to.device_set;
     send.stream = "p2p";

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Stops the one-node Slurm cluster started by tools/slurm-local-up.sh: cancels leftover jobs, then stops
+# slurmd, slurmctld and (only if the up script started it) munged, each by the PID in its PID file.
+# Safe to run at any time, also when nothing is running; always exits 0 when the daemons are gone.
+set -uo pipefail
+
+log() { echo "[slurm-local-down] $*" >&2; }
+
+# running PID NAME: true when PID is a live (not zombie) process whose command is NAME.
+running() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ $stat =~ ^[0-9]+\ \((.*)\)\ ([A-Za-z]) ]] || return 1
+  [ "${BASH_REMATCH[2]}" != Z ] && [ "${BASH_REMATCH[1]}" = "$2" ]
+}
+alive() { [ -s "$1" ] && running "$(cat "$1")" "$2"; }
+# stop PIDFILE NAME: SIGTERM, wait up to 10 s, then SIGKILL; only ever the recorded PID.
+# Fails when the process is still there afterwards.
+stop() {
+  local pid
+  if ! alive "$1" "$2"; then rm -f "$1"; return 0; fi
+  pid=$(cat "$1")
+  log "stopping $2 (pid $pid)"
+  kill "$pid" 2>/dev/null
+  for _ in $(seq 100); do running "$pid" "$2" || { rm -f "$1"; return 0; }; sleep 0.1; done
+  log "$2 (pid $pid) ignored SIGTERM; sending SIGKILL"
+  kill -9 "$pid" 2>/dev/null
+  for _ in $(seq 50); do running "$pid" "$2" || { rm -f "$1"; return 0; }; sleep 0.1; done
+  log "error: $2 (pid $pid) is still running"
+  return 1
+}
+
+if [ "$(id -u)" -ne 0 ]; then log "error: must run as root (try: sudo $0)"; exit 1; fi
+
+# Cancel jobs first, so that no slurmstepd (and no rank it started) outlives slurmd.
+if alive /run/slurmctld.pid slurmctld; then
+  jobs=$(squeue -h -o %i 2>/dev/null)
+  if [ -n "$jobs" ]; then
+    log "cancelling jobs: ${jobs//$'\n'/ }"
+    # shellcheck disable=SC2086
+    scancel $jobs 2>/dev/null
+    for _ in $(seq 150); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.1; done
+  fi
+fi
+
+status=0
+stop /run/slurmd.pid slurmd || status=1
+stop /run/slurmctld.pid slurmctld || status=1
+if [ -e /run/slurm-local.munged-started ]; then    # a munged that was already running is left alone
+  stop /run/munge/munged.pid munged || status=1
+  rm -f /run/slurm-local.munged-started
+fi
+exit $status
