@@ -14,19 +14,30 @@ namespace piper {
 
 namespace {
 
-std::string directive_text(const Directive& d) {
+std::string directive_text(const Directive& d, bool full) {
   std::string s = d.describe() + ":";
   if (d.op == "split") s += cat(" count = ", d.count);
   else if (d.op == "place") {
     s += " filter = " + d.filter.str() + ", devices = [";
-    for (size_t i = 0; i < d.devices.size(); ++i) s += cat(i ? ", " : "", d.devices[i]);
-    s += "]";
+    const size_t n = d.devices.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (n > 12 && i == 4) {  // long rank lists: first few, last, and how many
+        s += cat(", ... , ", d.devices[n - 1], "] (", n, " ranks)");
+        break;
+      }
+      s += cat(i ? ", " : "", d.devices[i]);
+      if (i + 1 == n) s += "]";
+    }
   } else if (d.op == "replicate") {
     s += cat(" filter = ", d.filter.str(), ", zero = ", d.zero, ", bucket_mb = ", d.bucket_mb, ", stream = \"", d.stream, "\"");
   } else if (d.op == "schedule") {
     s += cat(" kind = \"", d.kind, "\"");
   } else if (d.op == "order") {
     for (size_t i = 0; i < d.slots.size(); ++i) {
+      if (!full && d.slots.size() > 24 && i == 16) {  // long orders: the start and the count
+        s += cat(" -> ... (", d.slots.size(), " slots; --dump-plan writes all)");
+        break;
+      }
       s += i ? " ->" : "";
       for (size_t j = 0; j < d.slots[i].size(); ++j) {
         const Filter& f = d.slots[i][j];
@@ -64,27 +75,27 @@ int dry_run(const CliOptions& opts, int world_size) {
   std::printf("graph: %zu nodes\n", g.live_nodes());
   std::printf("%5s %8s %13s %12s %14s   peak by kind (MiB): params grads optim activations comm workspace\n", "set",
               "ranks", "instructions", "plan bytes", "est. peak MiB");
-  uint64_t total_bytes = 0;
+  uint64_t total_bytes = 0;  // rank 0 sends each body once; the set broadcasts it
   for (size_t s = 0; s < result.bodies.size(); ++s) {
     const Plan& p = result.bodies[s];
     size_t bytes = serialize_plan(p).size();
-    total_bytes += bytes * p.sets[s].size();
+    total_bytes += bytes;
     std::printf("%5zu %8zu %13zu %12zu %14.2f  ", s, p.sets[s].size(), p.instrs.size(), bytes,
                 double(p.memory.peak_total) / 1048576.0);
     for (int k = 0; k < kBufferKinds; ++k) std::printf(" %.2f", double(p.memory.peak_by_kind[k]) / 1048576.0);
     std::printf("\n");
   }
-  std::printf("plan bytes sent to all ranks: %llu; compile time %.3f s\n", static_cast<unsigned long long>(total_bytes),
-              result.seconds);
+  std::printf("plan bytes sent by rank 0: %llu (one body per device set, broadcast inside the set); compile time %.3f s\n",
+              static_cast<unsigned long long>(total_bytes), result.seconds);
   std::printf("directives:\n");
-  for (const auto& d : result.applied) std::printf("  %s\n", directive_text(d).c_str());
+  for (const auto& d : result.applied) std::printf("  %s\n", directive_text(d, false).c_str());
   if (!opts.dump_plan.empty()) {
     std::filesystem::path dir(opts.dump_plan);
     std::filesystem::create_directories(dir);
     write_file(dir / "graph.txt", graph_to_text(g));
     write_file(dir / "graph.dot", graph_to_dot(g));
     std::string dirs;
-    for (const auto& d : result.applied) dirs += directive_text(d) + "\n";
+    for (const auto& d : result.applied) dirs += directive_text(d, true) + "\n";
     write_file(dir / "directives.txt", dirs);
     for (size_t s = 0; s < result.bodies.size(); ++s) {
       Plan bound = bind_plan(result.bodies[s], result.bodies[s].sets[s][0]);

@@ -30,6 +30,7 @@ class Lowerer {
     make_buckets();
     make_workspace();
     plan_segment_ops(sequence);
+    plan_early_reductions(sequence);
     size_t next_op = 0;
     for (int id : sequence) {
       const Node& n = g_.nodes[size_t(id)];
@@ -38,9 +39,12 @@ class Lowerer {
           issue_gathers(next_op);
           if (next_op + 1 < ops_.size()) issue_gathers(next_op + 1);  // prefetch one use ahead
           emit_compute(ops_[next_op]);
+          auto early = early_.find({id, ops_[next_op].segment});
+          if (early != early_.end())
+            for (int c : early->second) emit_node(g_.nodes[size_t(c)]);
           ++next_op;
         }
-      } else {
+      } else if (!hoisted_.count(id)) {
         emit_node(n);
       }
     }
@@ -72,6 +76,8 @@ class Lowerer {
   std::set<int> gathers_issued_;
   std::set<std::pair<int, int>> grad_written_;      // (gradient buffer, model param)
   std::set<int> shard_written_;                     // gradient shard buffers written this step
+  std::map<std::pair<int, int>, std::vector<int>> early_;  // (compute node, segment) → reductions issued after it
+  std::set<int> hoisted_;                                  // reductions issued early
 
   int stream_id(const std::string& name) {
     auto it = streams_.find(name);
@@ -264,6 +270,34 @@ class Lowerer {
         for (int s = r.seg_begin; s < r.seg_end; ++s) ops_.push_back({id, s});
       else
         for (int s = r.seg_end - 1; s >= r.seg_begin; --s) ops_.push_back({id, s});
+    }
+  }
+
+  // A gradient reduction can start as soon as the last backward segment writing its bucket is done, not
+  // only after the whole backward node: that is what lets it overlap the rest of the backward pass.
+  void plan_early_reductions(const std::vector<int>& sequence) {
+    std::map<int, size_t> position;
+    for (size_t i = 0; i < sequence.size(); ++i) position[sequence[i]] = i;
+    auto in = g_.in_edges();
+    for (int id : sequence) {
+      const Node& c = g_.nodes[size_t(id)];
+      if (c.purpose != CommPurpose::Gradient || c.bucket < 0) continue;
+      int last = -1;
+      for (int ei : in[size_t(id)]) {
+        int w = g_.edges[size_t(ei)].from;
+        if (!position.count(w)) continue;
+        if (last < 0 || position[w] > position[last]) last = w;
+      }
+      if (last < 0 || !is_compute(g_.nodes[size_t(last)].kind)) continue;
+      const Region& r = g_.regions[size_t(g_.nodes[size_t(last)].region)];
+      const auto& params = g_.buckets[size_t(c.bucket)].params;
+      int lowest = -1;  // backward runs segments downwards: the lowest one using the bucket finishes it
+      for (int s = r.seg_begin; s < r.seg_end && lowest < 0; ++s)
+        for (int p : m_.segments[size_t(s)].params)
+          if (std::find(params.begin(), params.end(), p) != params.end()) lowest = s;
+      if (lowest < 0) continue;
+      early_[{last, lowest}].push_back(id);
+      hoisted_.insert(id);
     }
   }
 

@@ -1,6 +1,7 @@
 // Groups each region's parameters into buckets of about bucket_mb megabytes, in backward order, on
 // segment boundaries. A parameter used by regions on two device sets (the tied embedding) gets a bucket
 // of its own on each side, so that the copies can be summed with one collective.
+#include <map>
 #include <set>
 
 #include "passes/passes.hpp"
@@ -42,9 +43,16 @@ void make_buckets(Graph& g) {
       cur = Bucket{};
       cur.region = r.id;
     };
+    // A parameter joins the bucket of the lowest segment using it: backward reaches that one last, so the
+    // bucket is complete exactly when its last gradient contribution is (the tied embedding waits for the
+    // embedding's backward, not the head's).
+    std::map<int, int> lowest_user;
+    for (int s = r.seg_begin; s < r.seg_end; ++s)
+      for (int p : m.segments[size_t(s)].params)
+        if (!lowest_user.count(p)) lowest_user[p] = s;
     for (int s = r.seg_end - 1; s >= r.seg_begin; --s) {
       for (int p : m.segments[size_t(s)].params) {
-        if (seen.count(p)) continue;
+        if (seen.count(p) || lowest_user[p] != s) continue;
         seen.insert(p);
         int h = home[size_t(p)];
         bool here = h == r.id;
