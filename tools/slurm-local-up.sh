@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Brings up a real one-node Slurm cluster on this machine (loopback only; Debian 12, root), so that the
-# sbatch templates in slurm/ and `srun piper` can be tested. Idempotent: installs what is missing, writes
-# /etc/slurm/slurm.conf, starts munged, slurmctld and slurmd without systemd, waits until the node is idle.
+# Brings up a real one-node Slurm cluster on this machine (loopback only; Debian 12, root) to test slurm/ and
+# `srun piper`. Idempotent: installs missing packages, writes /etc/slurm/slurm.conf, starts munged, slurmctld
+# and slurmd without systemd, and waits until the node is idle. tools/slurm-local-down.sh stops it again.
 #
-# Usage: tools/slurm-local-up.sh          (stop it again with tools/slurm-local-down.sh)
 # Environment:
 #   SLURM_LOCAL_CPUS         CPUs the node advertises (default: max(8, nproc)); more than the real count
 #                            lets `srun -n 4` and `#SBATCH -n 4` run on a 2-core machine without --overcommit

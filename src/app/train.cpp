@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -19,7 +20,8 @@ namespace piper {
 
 namespace {
 
-// Compute threads per rank: the job's setting, or this node's cores divided by its ranks.
+// Compute threads per rank: the job's setting; else the CPUs Slurm gives each task; else this node's
+// usable cores divided by its ranks.
 int resolve_threads(int configured, MPI_Comm world, int* local_rank) {
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
@@ -28,6 +30,8 @@ int resolve_threads(int configured, MPI_Comm world, int* local_rank) {
   MPI_Comm_rank(node, local_rank);
   MPI_Comm_free(&node);
   if (configured > 0) return configured;
+  if (const char* per_task = std::getenv("SLURM_CPUS_PER_TASK"); per_task && std::atoi(per_task) > 0)
+    return std::atoi(per_task);
   cpu_set_t set;
   int cores = int(std::thread::hardware_concurrency());
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);

@@ -2,6 +2,7 @@
 # Runs piper under a real one-node Slurm cluster (tools/slurm-local-up.sh): a tiny pp=2 x dp=2 GPT through
 # slurm/single-node.sbatch and slurm/multi-node.sbatch, then `srun piper` directly; a bad job must fail fast.
 # Needs root (or passwordless sudo) on Debian; the cluster is always torn down (tools/slurm-local-down.sh).
+import fcntl
 import json
 import os
 import re
@@ -96,11 +97,11 @@ def as_root(cmd):
     return ["sudo", "-n"] + cmd
 
 
-def run(cmd, timeout, **kw):
+def run(cmd, timeout, within_deadline=True, **kw):
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=budget(timeout), **kw)
+                           timeout=budget(timeout) if within_deadline else timeout, **kw)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         raise TestFailure(f"`{' '.join(cmd)}` did not finish within {e.timeout:.0f} s; output so far:\n{out}")
@@ -138,7 +139,7 @@ def submit(script, name, out_dir, env, args=()):
     return job_id, os.path.join(out_dir, f"{name}-{job_id}.out")
 
 
-def wait_job(job_id, timeout):
+def wait_job(job_id, out_path, timeout):
     """Polls scontrol until the job has ended; returns (state, exit code, seconds waited)."""
     t0 = time.monotonic()
     limit = budget(timeout)
@@ -148,7 +149,8 @@ def wait_job(job_id, timeout):
             return state, code, time.monotonic() - t0
         if time.monotonic() - t0 > limit:
             subprocess.run(["scancel", job_id], stderr=subprocess.DEVNULL)
-            raise TestFailure(f"job {job_id} still {state or 'unknown'} after {limit:.0f} s")
+            raise TestFailure(f"job {job_id} still {state or 'unknown'} after {limit:.0f} s; "
+                              f"output so far ({out_path}):\n{read(out_path)}")
         time.sleep(0.2)
 
 
@@ -167,7 +169,7 @@ def check_training(what, steps, losses, output):
 
 def test_batch_job(script, name, tmp, job, env, args=()):
     job_id, out_path = submit(script, name, tmp, slurm_env(**env, PIPER=PIPER, PIPER_JOB=job), args)
-    state, code, waited = wait_job(job_id, JOB_TIMEOUT_S)
+    state, code, waited = wait_job(job_id, out_path, JOB_TIMEOUT_S)
     output = read(out_path)
     log(f"{os.path.basename(script)}: job {job_id} ended {state} (ExitCode={code}) {waited:.1f} s after submission")
     check(state == "COMPLETED" and code == "0:0",
@@ -197,6 +199,21 @@ def main():
     with open(bad_job, "w") as f:
         f.write(JOB_TOML.format(steps=STEPS, data=DATA, extra="unknown_key = 1\n"))
     log(f"work dir {tmp}")
+
+    # Two runs of this test on one machine would share (and tear down) one cluster: take turns.
+    lock_path = os.path.join(tempfile.gettempdir(), "piper-slurm-test.lock")
+    try:
+        lock = open(lock_path, "a")
+    except OSError as e:
+        raise TestFailure(f"cannot open the lock file {lock_path}: {e}")
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            check(time.monotonic() - START < 240, f"another run of this test held {lock_path} for 240 s")
+            time.sleep(1)
+    log(f"holding {lock_path}")
 
     passed = False
     try:
@@ -234,7 +251,7 @@ def main():
         # 4. A bad job file: the batch job must fail at once, with piper's message printed once.
         job_id, out_path = submit(SINGLE, "piper-bad", tmp, slurm_env(PIPER=PIPER, PIPER_JOB=bad_job),
                                   ["-n", str(RANKS)])
-        state, code, waited = wait_job(job_id, 120)
+        state, code, waited = wait_job(job_id, out_path, 120)
         output = read(out_path)
         log(f"bad job file: job {job_id} ended {state} (ExitCode={code}) {waited:.1f} s after submission")
         check(state != "COMPLETED" and code not in ("", "0:0"),
@@ -255,7 +272,7 @@ def main():
               f"`{' '.join(cmd)}`: expected piper's error about 'unknown_key' exactly once:\n{out}")
         passed = True
     finally:
-        rc, out, took = run(as_root([DOWN]), 60)
+        rc, out, took = run(as_root([DOWN]), 60, within_deadline=False)
         log(f"slurm-local-down.sh: exit code {rc}, {took:.1f} s")
         if rc != 0:
             message = f"tools/slurm-local-down.sh failed with exit code {rc}:\n{out}"
