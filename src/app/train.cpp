@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "app/report.hpp"
 #include "backend/backend.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "runtime/executor.hpp"
@@ -44,38 +45,6 @@ std::string broadcast_string(std::string s, MPI_Comm world) {
   s.resize(size_t(n));
   MPI_CHECK(MPI_Bcast(s.data(), n, MPI_CHAR, 0, world));
   return s;
-}
-
-void print_memory(Executor& ex, MPI_Comm world) {
-  const Plan& plan = ex.plan();
-  MemoryStats st = ex.buffers().stats();
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  // per rank: measured peak by kind, then estimated peak by kind
-  std::vector<double> mine(2 * kBufferKinds);
-  for (int k = 0; k < kBufferKinds; ++k) {
-    mine[size_t(k)] = double(st.peak_by_kind[k]);
-    mine[size_t(kBufferKinds + k)] = double(plan.memory.peak_by_kind[k]);
-  }
-  std::vector<double> all(rank == 0 ? mine.size() * size_t(size) : 0);
-  MPI_CHECK(MPI_Gather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE, 0, world));
-  if (rank != 0) return;
-  std::printf("memory per rank, MiB measured (estimated):\n");
-  std::printf("%6s", "rank");
-  for (int k = 0; k < kBufferKinds; ++k) std::printf(" %22s", buffer_kind_name(BufferKind(k)));
-  std::printf(" %22s\n", "total");
-  for (int r = 0; r < size; ++r) {
-    const double* v = &all[size_t(r) * mine.size()];
-    double mt = 0, et = 0;
-    std::printf("%6d", r);
-    for (int k = 0; k < kBufferKinds; ++k) {
-      std::printf(" %11.2f (%8.2f)", v[k] / 1048576.0, v[kBufferKinds + k] / 1048576.0);
-      mt += v[k];
-      et += v[kBufferKinds + k];
-    }
-    std::printf(" %11.2f (%8.2f)\n", mt / 1048576.0, et / 1048576.0);
-  }
 }
 
 }  // namespace
@@ -162,8 +131,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   }
   if (!plan.checkpoint_dir.empty() && rank == 0 && end > start)
     std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
-  print_memory(ex, world);
-  return 0;
+  report_memory(ex, world);
+  return check_replicas(ex, world) ? 0 : 1;
 }
 
 }  // namespace piper

@@ -38,7 +38,7 @@ class Lowerer {
         while (next_op < ops_.size() && ops_[next_op].node == id) {
           issue_gathers(next_op);
           if (next_op + 1 < ops_.size()) issue_gathers(next_op + 1);  // prefetch one use ahead
-          emit_compute(ops_[next_op]);
+          emit_compute(next_op);
           auto early = early_.find({id, ops_[next_op].segment});
           if (early != early_.end())
             for (int c : early->second) emit_node(g_.nodes[size_t(c)]);
@@ -72,12 +72,19 @@ class Lowerer {
   std::vector<int> param_index_;        // model param → plan param (or -1)
   std::vector<SegOp> ops_;
   std::map<std::pair<int, int>, int> gather_node_;  // (compute node, graph bucket) → gather node
-  std::map<int, int> gather_buf_;                   // gather node → instance buffer
-  std::set<int> gathers_issued_;
+  struct Gathered {
+    int buf;       // instance holding the bucket's full parameters
+    size_t last;   // last segment op using it so far
+  };
+  std::map<int, Gathered> gathered_;                      // graph bucket → its current instance
+  std::map<std::pair<size_t, int>, int> instance_for_op_;  // (segment op, graph bucket) → instance
+  int gather_target_ = -1;                                // instance the next emitted gather fills
   std::set<std::pair<int, int>> grad_written_;      // (gradient buffer, model param)
   std::set<int> shard_written_;                     // gradient shard buffers written this step
   std::map<std::pair<int, int>, std::vector<int>> early_;  // (compute node, segment) → reductions issued after it
   std::set<int> hoisted_;                                  // reductions issued early
+  int32_t last_compute_ = -1;                              // index of the last compute instruction
+  std::map<int, int32_t> last_reduce_scatter_;             // graph bucket → its latest reduce-scatter
 
   int stream_id(const std::string& name) {
     auto it = streams_.find(name);
@@ -194,23 +201,12 @@ class Lowerer {
     return id;
   }
 
-  int param_source(int gb, int node) {
+  int param_source(int gb, size_t op_index) {
     const PlanBucket& pb = plan_bucket(gb);
     if (!pb.shard_params) return pb.param_buf;
-    auto it = gather_node_.find({node, gb});
-    PIPER_CHECK(it != gather_node_.end(), "no parameter gather for bucket ", gb, " before node ", node);
-    return gather_instance(it->second);
-  }
-
-  int gather_instance(int gather_node) {
-    auto it = gather_buf_.find(gather_node);
-    if (it != gather_buf_.end()) return it->second;
-    const Node& n = g_.nodes[size_t(gather_node)];
-    const PlanBucket& pb = plan_bucket(n.bucket);
-    int id = new_buffer(uint64_t(pb.padded) * sizeof(float), BufferKind::Param, false,
-                        cat("bucket", n.bucket, ".gathered.n", gather_node));
-    gather_buf_[gather_node] = id;
-    return id;
+    auto it = instance_for_op_.find({op_index, gb});
+    PIPER_CHECK(it != instance_for_op_.end(), "no parameter gather for bucket ", gb, " before op ", op_index);
+    return it->second;
   }
 
   // ---------------------------------------------------------------- activations
@@ -301,19 +297,41 @@ class Lowerer {
     }
   }
 
-  // Parameter gathers the segment op needs, issued once (on the gather stream) ahead of the op.
+  // Sharded buckets the segment op needs: gathered (on the gather stream) ahead of the op, one gather per
+  // run of consecutive ops using the bucket — the forward-to-backward turn keeps its copy, a bucket used
+  // again later (the tied embedding at the head) is gathered again rather than held in between.
   void issue_gathers(size_t op_index) {
     const SegOp& op = ops_[op_index];
     for (int param : m_.segments[size_t(op.segment)].params) {
       int gb = graph_bucket_of_param(param);
-      auto it = gather_node_.find({op.node, gb});
-      if (it == gather_node_.end() || gathers_issued_.count(it->second)) continue;
-      gathers_issued_.insert(it->second);
-      emit_node(g_.nodes[size_t(it->second)]);
+      if (!plan_bucket(gb).shard_params || instance_for_op_.count({op_index, gb})) continue;
+      auto cur = gathered_.find(gb);
+      if (cur != gathered_.end() && cur->second.last + 1 >= op_index) {
+        cur->second.last = op_index;
+        instance_for_op_[{op_index, gb}] = cur->second.buf;
+        continue;
+      }
+      auto node = gather_node_.find({op.node, gb});
+      PIPER_CHECK(node != gather_node_.end(), "no parameter gather node for bucket ", gb);
+      const PlanBucket& pb = plan_bucket(gb);
+      int buf = new_buffer(uint64_t(pb.padded) * sizeof(float), BufferKind::Param, false,
+                           cat("bucket", gb, ".gathered.op", op_index));
+      gathered_[gb] = Gathered{buf, op_index};
+      instance_for_op_[{op_index, gb}] = buf;
+      // A prefetch starts when the compute before it is done: one use ahead, never the whole step ahead.
+      gather_target_ = buf;
+      emit_node(g_.nodes[size_t(node->second)], last_compute_);
     }
   }
 
-  void emit_compute(const SegOp& op) {
+  bool segment_uses(const SegOp& op, int gb) const {
+    for (int param : m_.segments[size_t(op.segment)].params)
+      if (graph_bucket_of_param(param) == gb) return true;
+    return false;
+  }
+
+  void emit_compute(size_t op_index) {
+    const SegOp& op = ops_[op_index];
     const Node& n = g_.nodes[size_t(op.node)];
     const Segment& seg = m_.segments[size_t(op.segment)];
     const int mb = n.mb < 0 ? 0 : n.mb;
@@ -348,22 +366,30 @@ class Lowerer {
     const auto& params = seg.params;
     for (size_t i = 0; i < params.size(); ++i) {
       int gb = graph_bucket_of_param(params[i]);
-      in.pbuf.push_back(reads_params ? param_source(gb, n.id) : -1);
+      in.pbuf.push_back(reads_params ? param_source(gb, op_index) : -1);
       if (writes_grads) {
         int gbuf = grad_target(gb, mb);
         in.gbuf.push_back(gbuf);
         if (grad_written_.insert({gbuf, params[i]}).second) in.overwrite |= 1u << i;
+        // At most one microbatch's full gradients per bucket: the next one is written only after the
+        // previous one has been reduce-scattered.
+        auto prev = last_reduce_scatter_.find(gb);
+        if (plan_bucket(gb).shard_grads && prev != last_reduce_scatter_.end() &&
+            std::find(in.waits.begin(), in.waits.end(), prev->second) == in.waits.end())
+          in.waits.push_back(prev->second);
       } else {
         in.gbuf.push_back(-1);
       }
     }
+    last_compute_ = int32_t(p_.instrs.size());
     p_.instrs.push_back(std::move(in));
   }
 
   // ---------------------------------------------------------------- everything else
-  void emit_node(const Node& n) {
+  void emit_node(const Node& n, int32_t after = -1) {
     Instr in;
     in.node = n.id;
+    if (after >= 0) in.waits.push_back(after);  // pacing: not before this instruction is done
     in.mb = n.mb;
     in.stream = uint8_t(stream_id(n.stream));
     switch (n.kind) {
@@ -411,6 +437,7 @@ class Lowerer {
       in.flags |= kFlagBufShard;
       in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch"));
     } else {  // one microbatch's full gradients into the persistent shard
+      last_reduce_scatter_[n.bucket] = int32_t(p_.instrs.size());
       in.src = grad_target(n.bucket, n.mb);
       in.buf = pb.grad_shard_buf;
       if (!shard_written_.insert(pb.grad_shard_buf).second) {
@@ -428,7 +455,7 @@ class Lowerer {
     if (pb.shard_params) {
       in.group = group_id({GroupRef::Kind::DeviceSet, {set_}, n.stream});
       in.src = pb.param_shard_buf;
-      in.buf = gather_instance(n.id);
+      in.buf = gather_target_;
     } else {
       in.group = pb.group;
       in.src = -1;  // in place: this rank's shard already sits at its place in the full buffer

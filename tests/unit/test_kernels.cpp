@@ -11,13 +11,14 @@ using namespace piper::test;
 
 namespace {
 
-// Finite differences: inputs have scale ~1, so a step of 1e-2 keeps the truncation error (~eps²·f''')
-// near 1e-4 while the fp32 rounding noise of the forward, divided by 2·eps, stays near 1e-5.
+// Finite differences: inputs have scale ~1 and the objective is summed in double from the fp32 forward.
+// A step of 1e-2 keeps the fp32 rounding noise over 2·eps near 1e-5 and the truncation error
+// (~eps²·f'''/6) near 1e-4 relative, up to ~2e-3 on the curved linear+GELU chain.
 constexpr double kEps = 1e-2;
-// Gradient error = max_i |analytic − numeric| / max(|numeric|, 1e-2). Both noise sources above are
-// ~1e-4 relative; a wrong term, index or sign gives errors of order 1.
+// Gradient error = max_i |analytic − numeric| / max(|numeric|, 1e-2), required below 1e-2: five times
+// the worst seen, while a wrong term, index or sign gives errors of order 1.
 constexpr double kFloor = 1e-2;
-constexpr double kGradTol = 2e-3;
+constexpr double kGradTol = 1e-2;
 // Forward results against double references: fp32 sums of ~10 terms of scale 1.
 constexpr double kAtol = 2e-5, kRtol = 2e-5;
 
@@ -27,7 +28,8 @@ std::vector<double> minus(const std::vector<float>& a, const std::vector<float>&
   return d;
 }
 
-std::vector<double> plus(const std::vector<float>& a, const std::vector<float>& b) {
+template <typename T>
+std::vector<double> plus(const std::vector<float>& a, const std::vector<T>& b) {
   std::vector<double> d(a.size());
   for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) + double(b[i]);
   return d;
@@ -65,8 +67,8 @@ TEST_CASE("linear_forward and linear_gelu_forward match a double reference", "[k
 }
 
 TEST_CASE("linear kernels on shapes that are split across threads match a double reference", "[kernels]") {
-  // (256,128)x(96,128)^T splits rows; (48,128)x(512,128)^T splits columns; the weight gradient
-  // (96,128) = dy^T x splits columns with a transposed A. All are above the threading thresholds.
+  // All products are above the threading thresholds. y and dx split rows on the first shape and columns
+  // on the second; dw = dy^T x (transposed A) splits columns on the first shape and rows on the second.
   struct Shape { int N, C, OC; };
   for (Shape s : {Shape{256, 128, 96}, Shape{48, 128, 512}}) {
     const int N = s.N, C = s.C, OC = s.OC;
@@ -106,20 +108,14 @@ TEST_CASE("linear kernels on shapes that are split across threads match a double
       dx = prev_dx, dw = prev_dw, db = prev_db;
       k.linear_backward_input(dx.data(), dy.data(), w.data(), N, C, OC, true);
       k.linear_backward_weight(dw.data(), db.data(), dy.data(), x.data(), N, C, OC, true);
-      for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] += prev_dx[i];
-      for (size_t i = 0; i < dw_ref.size(); ++i) dw_ref[i] += prev_dw[i];
-      for (size_t i = 0; i < db_ref.size(); ++i) db_ref[i] += prev_db[i];
-      CHECK_CLOSE(dx, dx_ref, 1e-4, 1e-4, "dx accumulated");
-      CHECK_CLOSE(dw, dw_ref, 1e-4, 1e-4, "dw accumulated");
-      CHECK_CLOSE(db, db_ref, 1e-4, 1e-4, "db accumulated");
-      for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] -= prev_dx[i];
-      for (size_t i = 0; i < dw_ref.size(); ++i) dw_ref[i] -= prev_dw[i];
-      for (size_t i = 0; i < db_ref.size(); ++i) db_ref[i] -= prev_db[i];
+      CHECK_CLOSE(dx, plus(prev_dx, dx_ref), 1e-4, 1e-4, "dx accumulated");
+      CHECK_CLOSE(dw, plus(prev_dw, dw_ref), 1e-4, 1e-4, "dw accumulated");
+      CHECK_CLOSE(db, plus(prev_db, db_ref), 1e-4, 1e-4, "db accumulated");
     }
   }
 }
 
-TEST_CASE("linear backward matches finite differences; accumulate adds, overwrite replaces", "[kernels]") {
+TEST_CASE("linear backward matches finite differences, accumulate adds and overwrite replaces", "[kernels]") {
   for (int threads : {1, 2}) {
     INFO("threads " << threads);
     CpuKernels k(threads);
@@ -162,19 +158,34 @@ TEST_CASE("gelu_backward matches the analytic derivative and finite differences,
     INFO("threads " << threads);
     CpuKernels k(threads);
     Rand rng(31);
-    // Direct check on a grid that includes the saturated tails, and on a size that is split across threads.
+    // Direct check of the derivative (dy = 1) on a grid over [-12, 12], one size split across threads.
+    // Within |x| <= 3 the fp32 tanh-GELU derivative is good to ~5e-7; in the tails 1 - tanh^2 cancels in
+    // fp32 (as in any fp32 implementation of this formula) and the absolute error grows to ~2.5e-6.
     for (size_t n : {size_t(241), size_t(40000)}) {
       INFO("n " << n);
-      std::vector<float> pre(n), dy = rng.normal(n);
+      std::vector<float> pre(n), ones(n, 1.f);
+      std::vector<double> ref_center, ref_tail;
+      std::vector<float> got_center, got_tail;
       for (size_t i = 0; i < n; ++i) pre[i] = float(-12.0 + 24.0 * double(i) / double(n - 1));
-      std::vector<double> ref(n);
-      for (size_t i = 0; i < n; ++i) ref[i] = double(dy[i]) * gelu_grad_ref(pre[i]);
       std::vector<float> out(n, 5.f);
-      k.gelu_backward(out.data(), dy.data(), pre.data(), n);
-      CHECK_CLOSE(out, ref, 1e-6, 1e-5, "gelu_backward");
-      std::vector<float> inplace = dy;  // dpre aliases dy
+      k.gelu_backward(out.data(), ones.data(), pre.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        bool center = std::fabs(pre[i]) <= 3.f;
+        (center ? ref_center : ref_tail).push_back(gelu_grad_ref(pre[i]));
+        (center ? got_center : got_tail).push_back(out[i]);
+      }
+      CHECK_CLOSE(got_center, ref_center, 1e-6, 0.0, "gelu'(x), |x| <= 3");
+      CHECK_CLOSE(got_tail, ref_tail, 4e-6, 0.0, "gelu'(x), |x| > 3");
+      // A general dy scales the derivative; dpre may alias dy.
+      auto dy = rng.normal(n);
+      std::vector<float> scaled(n);
+      k.gelu_backward(scaled.data(), dy.data(), pre.data(), n);
+      std::vector<double> expected(n);
+      for (size_t i = 0; i < n; ++i) expected[i] = double(dy[i]) * double(out[i]);
+      CHECK_CLOSE(scaled, expected, 1e-12, 1e-6, "dy * gelu'(x)");
+      std::vector<float> inplace = dy;
       k.gelu_backward(inplace.data(), inplace.data(), pre.data(), n);
-      CHECK(bitwise_equal(inplace, out));
+      CHECK(bitwise_equal(inplace, scaled));
     }
     // Chain rule through the fused linear+GELU forward: L = Σ w_out·gelu(x wᵀ + b).
     const int N = 4, C = 8, OC = 10;
@@ -216,7 +227,7 @@ TEST_CASE("layernorm_forward matches a double reference, mean and rstd included"
   }
 }
 
-TEST_CASE("layernorm backward matches finite differences; accumulate adds, overwrite replaces", "[kernels]") {
+TEST_CASE("layernorm backward matches finite differences, accumulate adds and overwrite replaces", "[kernels]") {
   for (int threads : {1, 2}) {
     INFO("threads " << threads);
     CpuKernels k(threads);
@@ -293,7 +304,7 @@ TEST_CASE("attention_backward matches finite differences and overwrites dqkv", "
   }
 }
 
-TEST_CASE("embedding forward matches a reference; backward matches finite differences with repeated tokens",
+TEST_CASE("embedding forward matches a reference and backward matches finite differences with repeated tokens",
           "[kernels]") {
   const int B = 2, T = 6, C = 8, V = 5;
   // Repeats within and across sequences; token 4 never occurs, so its gradient row is zero.
@@ -342,7 +353,7 @@ TEST_CASE("embedding forward matches a reference; backward matches finite differ
   }
 }
 
-TEST_CASE("softmax_xent forward matches a reference; backward matches finite differences; both in place",
+TEST_CASE("softmax_xent forward matches a reference and backward matches finite differences, also in place",
           "[kernels]") {
   const int N = 7, V = 11;
   const float scale = 0.37f;
@@ -385,9 +396,12 @@ TEST_CASE("softmax_xent forward matches a reference; backward matches finite dif
     CHECK(bitwise_equal(d_inplace, dlogits));
   }
   // Sizes split across threads: 600 rows over the fixed reduction chunks, N·V ≥ 32768 for the backward.
+  // Rows are shifted by up to 400, where exp overflows fp32 unless the row maximum is subtracted first.
   const int N2 = 600, V2 = 64;
   Rand rng(92);
   auto logits2 = rng.normal(size_t(N2) * V2, 3.0);
+  for (int r = 0; r < N2; ++r)
+    for (int i = 0; i < V2; ++i) logits2[size_t(r) * V2 + i] += float(200 * (r % 3));
   auto targets2 = rng.ints(size_t(N2), 0, V2);
   std::vector<double> probs_ref2;
   const double loss_ref2 = xent_ref(logits2, targets2, N2, V2, &probs_ref2);
@@ -406,7 +420,7 @@ TEST_CASE("softmax_xent forward matches a reference; backward matches finite dif
   }
 }
 
-TEST_CASE("add, accumulate, fill and copy", "[kernels]") {
+TEST_CASE("add, accumulate, fill, copy, upload and download", "[kernels]") {
   for (size_t n : {size_t(37), size_t(50001)}) {  // the second is split across threads
     for (int threads : {1, 2}) {
       INFO("n " << n << " threads " << threads);
@@ -442,11 +456,15 @@ TEST_CASE("add, accumulate, fill and copy", "[kernels]") {
       const std::vector<float> before = a;
       k.copy(a.data(), a.data(), n * sizeof(float));  // self copy leaves the data as it was
       CHECK(bitwise_equal(a, before));
+      std::vector<float> up(n, 0.f), down(n, 0.f);  // host <-> device copies (plain memory on CPU)
+      k.upload(up.data(), a.data(), n * sizeof(float));
+      k.download(down.data(), up.data(), n * sizeof(float));
+      CHECK(bitwise_equal(down, a));
     }
   }
 }
 
-TEST_CASE("sum_squares adds Σx² in double precision; 1 and 2 threads agree to the bit", "[kernels]") {
+TEST_CASE("sum_squares adds the sum of squares in double, the same to the bit on 1 and 2 threads", "[kernels]") {
   for (size_t n : {size_t(1), size_t(1000), size_t(200003)}) {
     Rand rng(111);
     auto x = rng.normal(n, 3.0);
@@ -510,7 +528,8 @@ TEST_CASE("adamw matches torch.optim.AdamW (decoupled decay, bias correction, gr
 TEST_CASE("kernels give bit-identical results with 1 and 2 threads", "[kernels]") {
   // Reductions use fixed chunks and per-column row order, attention works per (batch, head):
   // none of them may depend on the number of threads.
-  const int B = 4, T = 16, C = 64, NH = 4, N = B * T, V = 96;
+  // N·C = 32768 reaches the threshold where row-wise kernels split their rows across threads.
+  const int B = 8, T = 32, C = 128, NH = 4, N = B * T, V = 96;
   Rand rng(131);
   auto x = rng.normal(size_t(N) * C), dy = rng.normal(size_t(N) * C), w = rng.normal(size_t(C), 0.2, 1.0),
        b = rng.normal(size_t(C)), qkv = rng.normal(size_t(N) * 3 * C), datty = rng.normal(size_t(N) * C),

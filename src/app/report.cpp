@@ -1,0 +1,134 @@
+// End-of-run reports (see report.hpp).
+#include "app/report.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "util/error.hpp"
+#include "util/mpi_check.hpp"
+
+namespace piper {
+
+namespace {
+
+uint64_t fnv1a(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+double mib(double bytes) { return bytes / 1048576.0; }
+
+}  // namespace
+
+void report_memory(Executor& ex, MPI_Comm world) {
+  const Plan& plan = ex.plan();
+  MemoryStats st = ex.buffers().stats();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  // per rank: held between steps (measured), peak (measured), peak (estimated), held (estimated)
+  const int K = kBufferKinds;
+  std::vector<double> mine(size_t(4 * K + 2));
+  for (int k = 0; k < K; ++k) {
+    mine[size_t(k)] = double(st.live_by_kind[k]);
+    mine[size_t(K + k)] = double(st.peak_by_kind[k]);
+    mine[size_t(2 * K + k)] = double(plan.memory.peak_by_kind[k]);
+    mine[size_t(3 * K + k)] = double(plan.memory.steady_by_kind[k]);
+  }
+  mine[size_t(4 * K)] = double(st.peak_total);
+  mine[size_t(4 * K + 1)] = double(plan.memory.peak_total);
+  std::vector<double> all(rank == 0 ? mine.size() * size_t(size) : 0);
+  MPI_CHECK(MPI_Gather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE, 0, world));
+  if (rank != 0) return;
+  std::printf("memory per rank in MiB, measured (estimated): held between steps | peak\n");
+  std::printf("%5s", "rank");
+  for (int k = 0; k < K; ++k) std::printf(" %23s", buffer_kind_name(BufferKind(k)));
+  std::printf(" %23s\n", "peak total");
+  for (int r = 0; r < size; ++r) {
+    const double* v = &all[size_t(r) * mine.size()];
+    std::printf("%5d", r);
+    for (int k = 0; k < K; ++k) {
+      const bool steady = BufferKind(k) == BufferKind::Param || BufferKind(k) == BufferKind::Grad ||
+                          BufferKind(k) == BufferKind::OptState;
+      // parameters, gradients and optimizer state: held between steps; the rest: peak
+      double m = steady ? v[k] : v[K + k], e = steady ? v[3 * K + k] : v[2 * K + k];
+      std::printf(" %10.2f (%10.2f)", mib(m), mib(e));
+    }
+    std::printf(" %10.2f (%10.2f)\n", mib(v[4 * K]), mib(v[4 * K + 1]));
+  }
+  for (int r = 0; r < size; ++r) {
+    const double* v = &all[size_t(r) * mine.size()];
+    std::printf("memory rank=%d", r);
+    const char* keys[K] = {"param", "grad", "optim", "act", "comm", "workspace"};
+    for (int k = 0; k < K; ++k) std::printf(" held_%s=%.0f", keys[k], v[k]);
+    for (int k = 0; k < K; ++k) std::printf(" peak_%s=%.0f", keys[k], v[K + k]);
+    for (int k = 0; k < K; ++k) std::printf(" est_peak_%s=%.0f", keys[k], v[2 * K + k]);
+    std::printf(" peak_total=%.0f est_peak_total=%.0f\n", v[4 * K], v[4 * K + 1]);
+  }
+  std::fflush(stdout);
+}
+
+bool check_replicas(Executor& ex, MPI_Comm world) {
+  const Plan& plan = ex.plan();
+  Kernels& k = ex.backend().kernels();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  // (model parameter, hash) of every parameter this rank holds in full
+  std::vector<uint64_t> mine;
+  std::vector<float> host;
+  for (const auto& pp : plan.plan_params) {
+    const PlanBucket& pb = plan.buckets[size_t(pp.bucket)];
+    if (pb.shard_params) continue;  // one copy of each element exists: nothing to compare
+    const int64_t n = plan.params[size_t(pp.model_param)].numel;
+    host.resize(size_t(n));
+    k.download(host.data(), ex.bucket_ptr(pb.param_buf, pp.offset), size_t(n) * sizeof(float));
+    mine.push_back(uint64_t(pp.model_param));
+    mine.push_back(fnv1a(host.data(), host.size() * sizeof(float)));
+  }
+  int n = int(mine.size());
+  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world));
+  std::vector<uint64_t> all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[size_t(r)] = total;
+      total += counts[size_t(r)];
+    }
+    all.resize(size_t(total));
+  }
+  MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, 0, world));
+  int ok = 1;
+  if (rank == 0) {
+    std::map<uint64_t, std::pair<int, uint64_t>> first;  // param → (rank, hash) of its first holder
+    int compared = 0;
+    for (int r = 0; r < size && ok; ++r)
+      for (int i = 0; i < counts[size_t(r)]; i += 2) {
+        uint64_t param = all[size_t(displs[size_t(r)] + i)], hash = all[size_t(displs[size_t(r)] + i + 1)];
+        auto [it, inserted] = first.emplace(param, std::make_pair(r, hash));
+        if (inserted) continue;
+        ++compared;
+        if (it->second.second != hash) {
+          std::fprintf(stderr, "piper: error: replicas diverged: parameter '%s' differs between rank %d and rank %d\n",
+                       plan.params[size_t(param)].name.c_str(), it->second.first, r);
+          ok = 0;
+          break;
+        }
+      }
+    if (ok)
+      std::printf("replicas: %d copies of %zu parameters on other ranks are bit-identical to the first holder's\n",
+                  compared, first.size());
+  }
+  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, world));
+  return ok != 0;
+}
+
+}  // namespace piper

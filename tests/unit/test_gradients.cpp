@@ -1,0 +1,388 @@
+// Whole-model checks through the layer code (src/layers): a small GPT and a small MLP are run segment by
+// segment over buffers sized by segment_sizes(); the loss is compared with a double-precision reference,
+// every parameter's gradient with central differences of the loss, and split backward with fused.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_kernels.hpp"
+#include "config/job.hpp"
+#include "layers/layout.hpp"
+#include "layers/segments.hpp"
+#include "model/build.hpp"
+#include "test_util.hpp"
+
+using namespace piper;
+using namespace piper::test;
+
+namespace {
+
+// A model with its parameters, one batch of data and every per-segment buffer, driven the way the
+// executor drives it: forward over all segments, then backward in reverse order, either fused (BI and
+// BW back to back, wstash at the start of the workspace) or split (all BI, then all BW from wstash).
+struct Net {
+  Model model;
+  int samples = 0;
+  float loss_scale = 1.f;
+  std::vector<std::vector<float>> params;  // by model parameter index
+  std::vector<int32_t> tokens, targets;    // gpt: (samples,T) each; mlp: targets (samples)
+  std::vector<float> features;             // mlp: (samples, d_in)
+  std::vector<SegmentSizes> sizes;
+  std::vector<Guarded> act, dact, stash, wstash, fused;  // by segment
+  Guarded workspace, attn_scratch;
+
+  Net(const ModelSpec& spec, int samples_, uint64_t seed) : model(build_model(spec)), samples(samples_) {
+    const ModelDims& d = model.dims;
+    Rand rng(seed);
+    const size_t S = model.segments.size();
+    act.resize(S), dact.resize(S), stash.resize(S), wstash.resize(S), fused.resize(S);
+    size_t max_workspace = 0;
+    for (size_t s = 0; s < S; ++s) {
+      SegmentSizes z = segment_sizes(model.segments[s], d, samples);
+      sizes.push_back(z);
+      act[s].resize(z.out_bytes);
+      dact[s].resize(z.out_bytes);
+      stash[s].resize(z.stash_bytes);
+      wstash[s].resize(z.wstash_bytes);
+      fused[s].resize(z.workspace_bytes);
+      max_workspace = std::max(max_workspace, z.workspace_bytes);
+    }
+    workspace.resize(max_workspace);
+    if (d.is_gpt()) {
+      tokens = rng.ints(size_t(samples) * d.seq_len, 0, d.vocab);
+      targets = rng.ints(size_t(samples) * d.seq_len, 0, d.vocab);
+      loss_scale = 1.f / float(samples * d.seq_len);
+    } else {
+      features = rng.normal(size_t(samples) * d.d_in);
+      targets = rng.ints(size_t(samples), 0, d.n_classes);
+      loss_scale = 1.f / float(samples);
+    }
+    params.resize(model.params.size());
+    for (size_t p = 0; p < model.params.size(); ++p) params[p].resize(size_t(model.params[p].numel));
+  }
+
+  // The model's own initialization.
+  void init(uint64_t seed) {
+    for (size_t p = 0; p < params.size(); ++p)
+      init_param_range(model.params[p], seed, 0, model.params[p].numel, params[p].data());
+  }
+
+  // A generic point for gradient checks: larger than GPT-2 init so attention is far from uniform and
+  // every nonlinearity is exercised; LN weights near 1, biases small but non-zero.
+  void randomize(uint64_t seed, double matrix_std) {
+    Rand rng(seed);
+    for (size_t p = 0; p < params.size(); ++p) {
+      const ParamSpec& spec = model.params[p];
+      if (spec.init == InitKind::Ones) params[p] = rng.normal(params[p].size(), 0.2, 1.0);
+      else if (spec.init == InitKind::Zeros) params[p] = rng.normal(params[p].size(), 0.2);
+      else params[p] = rng.normal(params[p].size(), matrix_std);
+    }
+  }
+
+  bool buffers_intact() const {
+    for (size_t s = 0; s < act.size(); ++s)
+      if (!act[s].intact() || !dact[s].intact() || !stash[s].intact() || !wstash[s].intact() || !fused[s].intact())
+        return false;
+    return workspace.intact() && attn_scratch.intact();
+  }
+
+  void load_data(size_t s) {
+    const Segment& seg = model.segments[s];
+    switch (data_slot(seg)) {
+      case DataSlot::Tokens: std::memcpy(stash[s].data(), tokens.data(), tokens.size() * sizeof(int32_t)); break;
+      case DataSlot::Targets: std::memcpy(stash[s].data(), targets.data(), targets.size() * sizeof(int32_t)); break;
+      case DataSlot::Features: std::memcpy(stash[s].data(), features.data(), features.size() * sizeof(float)); break;
+      case DataSlot::None: break;
+    }
+  }
+
+  // Everything but the gradient pointers; `w` must outlive the call.
+  SegmentIO io_for(size_t s, std::vector<const float*>& w) {
+    const Segment& seg = model.segments[s];
+    w.resize(seg.params.size());
+    for (size_t i = 0; i < seg.params.size(); ++i) w[i] = params[size_t(seg.params[i])].data();
+    SegmentIO io;
+    io.samples = samples;
+    io.w = w.data();
+    const bool has_in = sizes[s].input_bytes > 0;
+    io.in = has_in ? act[s - 1].data() : nullptr;
+    io.din = has_in ? dact[s - 1].data() : nullptr;
+    io.out = sizes[s].out_bytes > 0 ? act[s].data() : nullptr;
+    io.dout = sizes[s].out_bytes > 0 ? dact[s].data() : nullptr;
+    io.stash = stash[s].data();
+    io.attn_scratch = attn_scratch.data();
+    io.loss_scale = loss_scale;
+    return io;
+  }
+
+  void size_attention_scratch(Kernels& k) {
+    const ModelDims& d = model.dims;
+    size_t floats = d.is_gpt() ? k.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads) : 0;
+    if (attn_scratch.size() != floats) attn_scratch.resize(floats * sizeof(float));
+  }
+
+  double forward(Kernels& k) {
+    size_attention_scratch(k);
+    double loss = 0;
+    std::vector<const float*> w;
+    for (size_t s = 0; s < model.segments.size(); ++s) {
+      load_data(s);
+      SegmentIO io = io_for(s, w);
+      io.loss_sum = &loss;
+      segment_forward(k, model.segments[s], model.dims, io);
+    }
+    return loss;
+  }
+
+  // Gradients of the loss of the last forward, one vector per model parameter. They start as junk:
+  // the first writer of each parameter (in backward order) overwrites, later ones (the tied wte) add.
+  std::vector<std::vector<float>> backward(Kernels& k, bool split) {
+    std::vector<std::vector<float>> grads(params.size());
+    for (size_t p = 0; p < params.size(); ++p) grads[p].assign(params[p].size(), 1e3f);
+    std::vector<bool> written(params.size(), false);
+    auto overwrite_bits = [&](const Segment& seg) {
+      uint32_t bits = 0;
+      for (size_t i = 0; i < seg.params.size(); ++i)
+        if (!written[size_t(seg.params[i])]) {
+          bits |= 1u << i;
+          written[size_t(seg.params[i])] = true;
+        }
+      return bits;
+    };
+    std::vector<const float*> w;
+    std::vector<float*> g;
+    auto grad_ptrs = [&](const Segment& seg) {
+      g.resize(seg.params.size());
+      for (size_t i = 0; i < seg.params.size(); ++i) g[i] = grads[size_t(seg.params[i])].data();
+      return g.data();
+    };
+    const int S = int(model.segments.size());
+    const ModelDims& d = model.dims;
+    if (!split) {
+      for (int s = S - 1; s >= 0; --s) {
+        const Segment& seg = model.segments[size_t(s)];
+        SegmentIO io = io_for(size_t(s), w);
+        io.g = grad_ptrs(seg);
+        io.overwrite = overwrite_bits(seg);
+        io.wstash = fused[size_t(s)].data();
+        io.workspace = fused[size_t(s)].data() + sizes[size_t(s)].wstash_bytes / sizeof(float);
+        segment_backward_input(k, seg, d, io);
+        segment_backward_weight(k, seg, d, io);
+      }
+      return grads;
+    }
+    for (int s = S - 1; s >= 0; --s) {
+      const Segment& seg = model.segments[size_t(s)];
+      SegmentIO io = io_for(size_t(s), w);
+      io.wstash = wstash[size_t(s)].data();
+      io.workspace = workspace.data();
+      segment_backward_input(k, seg, d, io);
+    }
+    // BW may only read what BI left in wstash: poison the shared scratch in between.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::fill(workspace.data(), workspace.data() + workspace.size(), nan);
+    std::fill(attn_scratch.data(), attn_scratch.data() + attn_scratch.size(), nan);
+    for (int s = S - 1; s >= 0; --s) {
+      const Segment& seg = model.segments[size_t(s)];
+      SegmentIO io = io_for(size_t(s), w);
+      io.g = grad_ptrs(seg);
+      io.overwrite = overwrite_bits(seg);
+      io.wstash = wstash[size_t(s)].data();
+      io.workspace = nullptr;
+      io.attn_scratch = nullptr;
+      segment_backward_weight(k, seg, d, io);
+    }
+    return grads;
+  }
+
+  // The loss in double precision, from the same parameters and data, with the textbook math.
+  double reference_loss() const {
+    const ModelDims& d = model.dims;
+    auto P = [&](const Segment& seg, int i) -> const std::vector<float>& { return params[size_t(seg.params[size_t(i)])]; };
+    if (d.is_gpt()) {
+      const int B = samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads, n = B * T;
+      const Segment& emb = model.segments.front();
+      std::vector<double> x = embedding_ref(tokens, P(emb, 0), P(emb, 1), B, T, C);
+      for (size_t s = 1; s + 1 < model.segments.size(); ++s) {
+        const Segment& blk = model.segments[s];
+        auto h = layernorm_ref(x, P(blk, 0), P(blk, 1), n, C);
+        auto qkv = linear_ref(h, P(blk, 2), P(blk, 3).data(), n, C, 3 * C);
+        auto a = attention_ref(qkv, B, T, C, NH);
+        auto proj = linear_ref(a, P(blk, 4), P(blk, 5).data(), n, C, C);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+        auto h2 = layernorm_ref(x, P(blk, 6), P(blk, 7), n, C);
+        auto f = linear_ref(h2, P(blk, 8), P(blk, 9).data(), n, C, F);
+        for (auto& v : f) v = gelu_ref(v);
+        auto m = linear_ref(f, P(blk, 10), P(blk, 11).data(), n, F, C);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+      }
+      const Segment& head = model.segments.back();
+      auto lf = layernorm_ref(x, P(head, 0), P(head, 1), n, C);
+      const float* no_bias = nullptr;
+      auto logits = linear_ref(lf, P(head, 2), no_bias, n, C, d.vocab);  // tied: the embedding's wte
+      return double(loss_scale) * xent_ref(logits, targets, n, d.vocab);
+    }
+    std::vector<double> h(features.begin(), features.end());
+    int in = d.d_in;
+    for (size_t s = 0; s + 1 < model.segments.size(); ++s) {
+      const Segment& layer = model.segments[s];
+      h = linear_ref(h, P(layer, 0), P(layer, 1).data(), samples, in, d.d_hidden);
+      for (auto& v : h) v = gelu_ref(v);
+      in = d.d_hidden;
+    }
+    const Segment& head = model.segments.back();
+    auto logits = linear_ref(h, P(head, 0), P(head, 1).data(), samples, in, d.n_classes);
+    return double(loss_scale) * xent_ref(logits, targets, samples, d.n_classes);
+  }
+};
+
+ModelSpec small_gpt() {
+  ModelSpec s;
+  s.kind = "gpt";
+  s.vocab = 16, s.seq_len = 4, s.d_model = 8, s.n_layers = 2, s.n_heads = 2, s.d_ff = 16;
+  return s;
+}
+
+ModelSpec small_mlp() {
+  ModelSpec s;
+  s.kind = "mlp";
+  s.d_in = 6, s.d_hidden = 10, s.n_layers = 3, s.n_classes = 5;
+  return s;
+}
+
+// The parameter both the embedding and the head use (GPT's wte), or -1.
+int tied_param(const Model& m) { return m.dims.is_gpt() ? m.segments.front().params[0] : -1; }
+
+// Elements checked per parameter: all of the tied wte (every row the embedding touches must be summed
+// with the head's part) and of tensors up to 32 elements, a fixed random sample of 24 elsewhere.
+std::vector<size_t> elements_to_check(const ParamSpec& p, bool tied, Rand& rng) {
+  std::vector<size_t> which;
+  const size_t n = size_t(p.numel);
+  if (tied || n <= 32) {
+    for (size_t i = 0; i < n; ++i) which.push_back(i);
+    return which;
+  }
+  auto picks = rng.ints(24, 0, int(n));
+  which.assign(picks.begin(), picks.end());
+  which.push_back(0);
+  which.push_back(n - 1);
+  return which;
+}
+
+// Checks each parameter's gradient (fused backward) against two central differences of the loss:
+//  - of the fp32 loss the layer code computes, step 1e-2 (parameters have scale 0.1-1): fp32 rounding
+//    noise of the mean loss (~1e-7) over 2·step gives ~1e-5 absolute, truncation (step²·f''') up to
+//    ~1e-4 absolute: tolerance 2e-2 relative, floor 2e-2 × the largest gradient of the model;
+//  - of the double-precision reference loss, step 1e-3: noise ~1e-13, truncation ~1e-7 relative, so
+//    what remains is the fp32 error of the analytic gradient: tolerance 2e-3, floor 1e-3 × largest.
+// Worst errors seen: 7e-3 (fp32 differences, truncation on the MLP's first layer) and 6e-4 (reference).
+void check_all_gradients(Net& net, Kernels& k) {
+  net.forward(k);
+  auto grads = net.backward(k, false);
+  CHECK(net.buffers_intact());
+  Rand rng(5);
+  const size_t P = net.params.size();
+  const int tied = tied_param(net.model);
+  std::vector<std::vector<size_t>> which(P);
+  std::vector<std::vector<double>> num32(P), numref(P);
+  double scale = 0;
+  for (size_t p = 0; p < P; ++p) {
+    which[p] = elements_to_check(net.model.params[p], int(p) == tied, rng);
+    num32[p] = numeric_grad(net.params[p], 1e-2, [&] { return net.forward(k); }, which[p]);
+    numref[p] = numeric_grad(net.params[p], 1e-3, [&] { return net.reference_loss(); }, which[p]);
+    for (size_t i : which[p]) scale = std::max(scale, std::fabs(numref[p][i]));
+  }
+  for (size_t p = 0; p < P; ++p) {
+    double largest = 0;
+    for (size_t i : which[p]) largest = std::max(largest, std::fabs(numref[p][i]));
+    size_t w32 = which[p][0], wref = which[p][0];
+    double e32 = grad_error(grads[p], num32[p], 2e-2 * scale, which[p], &w32);
+    double eref = grad_error(grads[p], numref[p], 1e-3 * scale, which[p], &wref);
+    INFO(net.model.params[p].name << ": vs fp32 differences " << e32 << " at [" << w32 << "] analytic "
+                                  << grads[p][w32] << " numeric " << num32[p][w32] << "; vs double reference "
+                                  << eref << " at [" << wref << "] analytic " << grads[p][wref] << " numeric "
+                                  << numref[p][wref] << "; largest |gradient| " << largest << " of " << scale);
+    CHECK(e32 < 2e-2);
+    CHECK(eref < 2e-3);
+    CHECK(largest > 0.05 * scale);  // not vacuous: every parameter moves the loss
+  }
+}
+
+void check_split_equals_fused(Net& net, Kernels& k) {
+  net.forward(k);
+  auto fused = net.backward(k, false);
+  std::vector<std::vector<float>> fused_dact;
+  for (auto& a : net.dact) fused_dact.emplace_back(a.data(), a.data() + a.size());
+  net.forward(k);
+  auto split = net.backward(k, true);
+  for (size_t p = 0; p < fused.size(); ++p) {
+    INFO(net.model.params[p].name);
+    CHECK(bitwise_equal(fused[p], split[p]));
+  }
+  for (size_t s = 0; s < net.dact.size(); ++s) {
+    INFO("activation gradient of segment " << net.model.segments[s].name);
+    std::vector<float> d(net.dact[s].data(), net.dact[s].data() + net.dact[s].size());
+    CHECK(bitwise_equal(fused_dact[s], d));
+  }
+  CHECK(net.buffers_intact());
+}
+
+}  // namespace
+
+TEST_CASE("GPT: the loss matches a double-precision reference and starts near ln(vocab)", "[layers][gpt]") {
+  for (int threads : {1, 2}) {
+    INFO("threads " << threads);
+    CpuKernels k(threads);
+    Net net(small_gpt(), 2, 7);
+    net.randomize(8, 0.3);
+    double loss = net.forward(k);
+    CHECK(loss == Approx(net.reference_loss()).epsilon(2e-5));
+    CHECK(net.buffers_intact());
+    // At GPT-2 init (std 0.02) the logits have std ~0.06, so the mean loss is ln(V) up to ~0.002 of bias
+    // and a sampling spread of ~0.06/sqrt(tokens): 0.0075 over 64 tokens.
+    Net wide(small_gpt(), 16, 9);
+    wide.init(1234);
+    loss = wide.forward(k);
+    CHECK(loss == Approx(wide.reference_loss()).epsilon(2e-5));
+    CHECK(std::fabs(loss - std::log(16.0)) < 0.04);
+    CHECK(wide.buffers_intact());
+  }
+}
+
+TEST_CASE("GPT: gradients of every parameter match finite differences of the loss (tied wte summed)",
+          "[layers][gpt]") {
+  for (int threads : {1, 2}) {
+    INFO("threads " << threads);
+    CpuKernels k(threads);
+    Net net(small_gpt(), 2, 17);
+    net.randomize(18, 0.3);
+    check_all_gradients(net, k);
+  }
+}
+
+TEST_CASE("GPT: split backward (BI, then BW from wstash) is bit-identical to fused", "[layers][gpt]") {
+  for (int threads : {1, 2}) {
+    INFO("threads " << threads);
+    CpuKernels k(threads);
+    Net net(small_gpt(), 2, 27);
+    net.randomize(28, 0.3);
+    check_split_equals_fused(net, k);
+  }
+}
+
+TEST_CASE("MLP: loss matches a reference, gradients match finite differences, split equals fused",
+          "[layers][mlp]") {
+  for (int threads : {1, 2}) {
+    INFO("threads " << threads);
+    CpuKernels k(threads);
+    Net net(small_mlp(), 4, 37);
+    net.randomize(38, 0.6);
+    CHECK(net.forward(k) == Approx(net.reference_loss()).epsilon(2e-5));
+    check_all_gradients(net, k);
+    check_split_equals_fused(net, k);
+    net.init(99);
+    CHECK(net.forward(k) == Approx(net.reference_loss()).epsilon(2e-5));
+  }
+}
