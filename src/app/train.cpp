@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "app/report.hpp"
+#include "app/trace_file.hpp"
 #include "backend/backend.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "runtime/executor.hpp"
@@ -91,6 +92,13 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     std::printf("%s: %d rank%s, %s backend, %d thread%s per rank, steps %lld..%lld\n", plan.job_name.c_str(), plan.world,
                 plan.world == 1 ? "" : "s", backend->name().c_str(), threads, threads == 1 ? "" : "s",
                 static_cast<long long>(start), static_cast<long long>(end));
+  // A common time origin for every rank's timeline (and the trace).
+  MPI_CHECK(MPI_Barrier(world));
+  ex.set_time_origin(now_seconds());
+  StepTimes times;
+  int64_t timed_steps = 0;
+  std::vector<TraceEvent> trace;
+  const int64_t trace_first = start + 1, trace_last = start + 10;  // ten steps after a warm-up step
   const double tokens_per_step = double(plan.data.batch) * plan.dims.rows_per_sample();
   // model FLOPs of one step: forward + backward (2x forward) of every segment for the global batch
   double flops_per_step = 0;
@@ -104,6 +112,14 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     double t0 = now_seconds();
     StepMetrics m = ex.run_step(step);
     double dt = now_seconds() - t0;
+    if (step > start || end - start == 1) {
+      times += ex.last_step_times();
+      ++timed_steps;
+    }
+    if (!opts.trace.empty() && ((step >= trace_first && step <= trace_last) || end - start == 1)) {
+      auto ev = ex.take_events();
+      trace.insert(trace.end(), ev.begin(), ev.end());
+    }
     if (rank == 0) {
       if ((step + 1) % plan.log_every == 0 || step + 1 == end)
         std::printf("step %6lld | loss %.6f | lr %.3e | %10.0f tok/s | %8.2f ms\n", static_cast<long long>(step + 1),
@@ -131,6 +147,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   }
   if (!plan.checkpoint_dir.empty() && rank == 0 && end > start)
     std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
+  if (!opts.trace.empty()) write_trace(opts.trace, ex, trace, world);
+  report_times(plan, times, timed_steps, world);
   report_memory(ex, world);
   return check_replicas(ex, world) ? 0 : 1;
 }

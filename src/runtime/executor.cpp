@@ -59,6 +59,7 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
     std::sort(t.begin(), t.end());
     t.erase(std::unique(t.begin(), t.end()), t.end());
   }
+  event_index_.assign(plan_.instrs.size(), -1);
   done_ = std::make_unique<std::atomic<int64_t>[]>(plan_.instrs.size());
   for (size_t i = 0; i < plan_.instrs.size(); ++i) done_[i].store(0);
 
@@ -154,6 +155,8 @@ StepMetrics Executor::run_step(int64_t step) {
   lr_ = learning_rate(plan_.optimizer, step);
   store_.begin_step();
   backend_.zero(scalars_, 4 * sizeof(double));
+  for (auto& st : streams_) st.events.clear();
+  const double start = now_seconds() - t0_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++epoch_;
@@ -167,16 +170,26 @@ StepMetrics Executor::run_step(int64_t step) {
   }
   if (error_) std::rethrow_exception(error_);
   metrics_.lr = lr_;
+  std::vector<TraceEvent> events;
+  for (const auto& st : streams_) events.insert(events.end(), st.events.begin(), st.events.end());
+  last_times_ = step_times(plan_, events, start, now_seconds() - t0_, group_sizes());
   return metrics_;
 }
 
-std::vector<TraceEvent> Executor::take_trace() {
+std::vector<TraceEvent> Executor::take_events() {
   std::vector<TraceEvent> all;
   for (auto& s : streams_) {
-    all.insert(all.end(), s.trace.begin(), s.trace.end());
-    s.trace.clear();
+    all.insert(all.end(), s.events.begin(), s.events.end());
+    s.events.clear();
   }
   return all;
+}
+
+std::vector<int> Executor::group_sizes() const {
+  std::vector<int> sizes(groups_.size(), 1);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g]) sizes[g] = groups_[g]->size();
+  return sizes;
 }
 
 void Executor::stream_main(Stream& s) {
@@ -265,14 +278,15 @@ void Executor::poll(Stream& s) {
 void Executor::complete(Stream& s, int32_t i) {
   backend_.record(s.ctx.get(), i);
   for (int32_t b : touched_[size_t(i)]) store_.release_use(b);
-  if (tracing_) s.trace.back().end = now_seconds() - t0_;
+  s.events[size_t(event_index_[size_t(i)])].end = now_seconds() - t0_;
   done_[size_t(i)].store(epoch_, std::memory_order_release);
   done_[size_t(i)].notify_all();
 }
 
 void Executor::execute(Stream& s, int32_t i) {
   const Instr& in = plan_.instrs[size_t(i)];
-  if (tracing_) s.trace.push_back({i, now_seconds() - t0_, 0});
+  event_index_[size_t(i)] = int32_t(s.events.size());
+  s.events.push_back({i, step_, now_seconds() - t0_, 0});
   StreamContext* ctx = s.ctx.get();
   auto post = [&](std::unique_ptr<CommHandle> h) { s.pending.push_back({i, std::move(h)}); };
   switch (in.op) {

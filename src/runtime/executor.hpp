@@ -16,6 +16,7 @@
 #include "data/data.hpp"
 #include "plan/plan.hpp"
 #include "runtime/buffer_store.hpp"
+#include "runtime/timeline.hpp"
 
 namespace piper {
 
@@ -25,11 +26,6 @@ struct StepMetrics {
   double lr = 0;
 };
 
-// One timed span of an instruction, for traces.
-struct TraceEvent {
-  int32_t instr;
-  double start, end;  // seconds since the executor started
-};
 
 class Executor {
  public:
@@ -49,8 +45,13 @@ class Executor {
   // Where parameter `pp` (a plan param) lives: pointer to its element `index` of the bucket layout.
   float* bucket_ptr(int32_t buf, int64_t offset) { return store_.f(buf) + offset; }
 
-  void enable_trace(bool on) { tracing_ = on; }
-  std::vector<TraceEvent> take_trace();
+  // Timing: every instruction's start and end are recorded (cheap); after a step, its events can be
+  // taken (for a trace file) and its times are summarized. The origin is set by set_time_origin.
+  void set_time_origin(double t0) { t0_ = t0; }
+  double time_origin() const { return t0_; }
+  std::vector<TraceEvent> take_events();
+  const StepTimes& last_step_times() const { return last_times_; }
+  std::vector<int> group_sizes() const;
 
  private:
   struct Pending {
@@ -63,7 +64,7 @@ class Executor {
     std::unique_ptr<StreamContext> ctx;
     std::vector<Pending> pending;
     std::thread thread;
-    std::vector<TraceEvent> trace;
+    std::vector<TraceEvent> events;
   };
 
   void stream_main(Stream& s);
@@ -111,8 +112,9 @@ class Executor {
   bool shutdown_ = false;
   std::atomic<bool> abort_{false};
   std::exception_ptr error_;
-  bool tracing_ = false;
   double t0_ = 0;
+  StepTimes last_times_;
+  std::vector<int32_t> event_index_;  // instruction → its event in its stream's list this step
 };
 
 }  // namespace piper

@@ -1,0 +1,128 @@
+// Chrome-trace output and the time summary (see trace_file.hpp).
+#include "app/trace_file.hpp"
+
+#include <cstdio>
+#include <fstream>
+
+#include "util/error.hpp"
+#include "util/mpi_check.hpp"
+
+namespace piper {
+
+namespace {
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+std::string instr_label(const Plan& p, const Instr& in) {
+  auto seg = [&] { return in.segment >= 0 ? p.segments[size_t(in.segment)].name : std::string(); };
+  switch (in.op) {
+    case Op::Forward: return cat("F ", seg(), " mb", in.mb);
+    case Op::Backward: return cat("B ", seg(), " mb", in.mb);
+    case Op::BackwardInput: return cat("BI ", seg(), " mb", in.mb);
+    case Op::BackwardWeight: return cat("BW ", seg(), " mb", in.mb);
+    case Op::Update: return cat("UPDATE bucket", in.bucket);
+    case Op::StepSync: return "STEP_SYNC";
+    case Op::Send: return cat("SEND ", p.buffers[size_t(in.buf)].name, " -> rank ", p.peer_rank(in.peer_set));
+    case Op::Recv: return cat("RECV ", p.buffers[size_t(in.buf)].name, " <- rank ", p.peer_rank(in.peer_set));
+    case Op::AllReduce: return cat("ALL_REDUCE bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
+    case Op::ReduceScatter: return cat("REDUCE_SCATTER bucket", in.bucket, in.mb >= 0 ? cat(" mb", in.mb) : "");
+    case Op::AllGather: return cat("ALL_GATHER bucket", in.bucket);
+  }
+  return "?";
+}
+
+const char* category(Op op) {
+  if (op_is_compute(op)) return "compute";
+  if (op == Op::Update || op == Op::StepSync) return "optimizer";
+  if (op == Op::Send || op == Op::Recv) return "p2p";
+  return "collective";
+}
+
+// Same id on both ends of a message: step, sender, tag.
+unsigned long long flow_id(int64_t step, int sender, int tag) {
+  return (static_cast<unsigned long long>(step) << 40) ^ (static_cast<unsigned long long>(sender) << 24) ^
+         static_cast<unsigned long long>(tag);
+}
+
+}  // namespace
+
+void write_trace(const std::string& path, Executor& ex, const std::vector<TraceEvent>& events, MPI_Comm world) {
+  const Plan& p = ex.plan();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  std::string out;
+  char buf[256];
+  out += cat("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":", rank, ",\"args\":{\"name\":\"rank ", rank, " (device set ",
+             p.set, ")\"}},\n");
+  out += cat("{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":", rank, ",\"args\":{\"sort_index\":", rank, "}},\n");
+  for (size_t s = 0; s < p.streams.size(); ++s)
+    out += cat("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", rank, ",\"tid\":", s, ",\"args\":{\"name\":\"",
+               json_escape(p.streams[s]), "\"}},\n");
+  for (const auto& e : events) {
+    const Instr& in = p.instrs[size_t(e.instr)];
+    const double ts = e.start * 1e6, dur = std::max(0.0, e.end - e.start) * 1e6;
+    std::snprintf(buf, sizeof(buf), "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d", ts, dur, rank, int(in.stream));
+    out += cat("{\"name\":\"", json_escape(instr_label(p, in)), "\",\"cat\":\"", category(in.op), "\",\"ph\":\"X\",", buf,
+               ",\"args\":{\"step\":", e.step + 1, ",\"instr\":", e.instr, "}},\n");
+    if (in.op == Op::Send || in.op == Op::Recv) {
+      const bool send = in.op == Op::Send;
+      const int sender = send ? rank : p.peer_rank(in.peer_set);
+      std::snprintf(buf, sizeof(buf), "\"ts\":%.3f,\"pid\":%d,\"tid\":%d", send ? ts : ts + dur, rank, int(in.stream));
+      out += cat("{\"name\":\"message\",\"cat\":\"p2p\",\"ph\":\"", send ? "s" : "f", "\",", send ? "" : "\"bp\":\"e\",",
+                 "\"id\":", flow_id(e.step, sender, in.tag), ",", buf, "},\n");
+    }
+  }
+  int n = int(out.size());
+  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world));
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[size_t(r)] = total;
+      total += counts[size_t(r)];
+    }
+    all.resize(size_t(total));
+  }
+  MPI_CHECK(MPI_Gatherv(out.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, world));
+  if (rank != 0) return;
+  if (all.size() >= 2) all.resize(all.size() - 2);  // the last ",\n"
+  std::ofstream f(path);
+  f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n" << all << "\n]}\n";
+  if (!f) throw SystemError(cat("--trace: cannot write '", path, "'"));
+  std::printf("trace: %s (%zu bytes; open it in https://ui.perfetto.dev or chrome://tracing)\n", path.c_str(),
+              all.size());
+}
+
+void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  double mine[5] = {total.wall, total.compute, total.communication, total.hidden, total.bytes};
+  std::vector<double> all(rank == 0 ? size_t(5 * size) : 0);
+  MPI_CHECK(MPI_Gather(mine, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, world));
+  if (rank != 0 || steps <= 0) return;
+  (void)plan;
+  std::printf("time per step, mean of %lld steps after the first (ms): wall, compute, bubble (idle share), "
+              "communication, hidden behind compute, MB sent\n",
+              static_cast<long long>(steps));
+  for (int r = 0; r < size; ++r) {
+    const double* v = &all[size_t(5 * r)];
+    const double wall = v[0] / double(steps), compute = v[1] / double(steps), comm = v[2] / double(steps);
+    const double bubble = wall > 0 ? std::max(0.0, 1.0 - compute / wall) : 0;
+    const double hidden = v[2] > 0 ? v[3] / v[2] : 0;
+    std::printf("timeline rank=%d wall_ms=%.3f compute_ms=%.3f bubble=%.4f comm_ms=%.3f hidden=%.4f sent_mb=%.4f\n", r,
+                wall * 1e3, compute * 1e3, bubble, comm * 1e3, hidden, v[4] / double(steps) / 1e6);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace piper

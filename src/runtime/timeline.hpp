@@ -1,0 +1,35 @@
+// What one rank did during a step, instruction by instruction: start and end times (posting and
+// completion for communication), and what follows from them — busy compute time, communication time,
+// and how much of the communication ran while compute was busy.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "plan/plan.hpp"
+
+namespace piper {
+
+struct TraceEvent {
+  int32_t instr = -1;
+  int64_t step = 0;
+  double start = 0, end = 0;  // seconds since the run's common origin
+};
+
+struct StepTimes {
+  double wall = 0;          // step start to end on this rank
+  double compute = 0;       // union of compute, update and step-sync-free work
+  double communication = 0; // union of posted-to-completed communication
+  double hidden = 0;        // communication time during which compute was busy
+  double bytes = 0;         // bytes this rank handed to communication (ring-algorithm volume)
+  StepTimes& operator+=(const StepTimes& o);
+};
+
+// Times of one step from its events (all streams of one rank).
+StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, double step_start, double step_end,
+                     const std::vector<int>& group_sizes);
+
+// Bytes one rank sends for an instruction under ring algorithms (all-reduce 2(n-1)/n·S, reduce-scatter and
+// all-gather (n-1)/n·S, point-to-point S), where S is the full payload.
+double instr_send_bytes(const Instr& in, int group_size);
+
+}  // namespace piper
