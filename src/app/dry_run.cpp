@@ -85,6 +85,10 @@ int dry_run(const CliOptions& opts, int world_size) {
     for (int k = 0; k < kBufferKinds; ++k) std::printf(" %.2f", double(p.memory.peak_by_kind[k]) / 1048576.0);
     std::printf("\n");
   }
+  std::printf("cost model %s: predicted step %.6g %s; bubble per device set:", result.cost.describe().c_str(),
+              result.simulation.step_time, result.cost.uniform ? "units" : "s");
+  for (size_t s = 0; s < result.bodies.size(); ++s) std::printf(" %.4f", result.simulation.bubble[s]);
+  std::printf("\n");
   std::printf("plan bytes sent by rank 0: %llu (one body per device set, broadcast inside the set); compile time %.3f s\n",
               static_cast<unsigned long long>(total_bytes), result.seconds);
   std::printf("directives:\n");

@@ -20,24 +20,6 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-std::string instr_label(const Plan& p, const Instr& in) {
-  auto seg = [&] { return in.segment >= 0 ? p.segments[size_t(in.segment)].name : std::string(); };
-  switch (in.op) {
-    case Op::Forward: return cat("F ", seg(), " mb", in.mb);
-    case Op::Backward: return cat("B ", seg(), " mb", in.mb);
-    case Op::BackwardInput: return cat("BI ", seg(), " mb", in.mb);
-    case Op::BackwardWeight: return cat("BW ", seg(), " mb", in.mb);
-    case Op::Update: return cat("UPDATE bucket", in.bucket);
-    case Op::StepSync: return "STEP_SYNC";
-    case Op::Send: return cat("SEND ", p.buffers[size_t(in.buf)].name, " -> rank ", p.peer_rank(in.peer_set));
-    case Op::Recv: return cat("RECV ", p.buffers[size_t(in.buf)].name, " <- rank ", p.peer_rank(in.peer_set));
-    case Op::AllReduce: return cat("ALL_REDUCE bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
-    case Op::ReduceScatter: return cat("REDUCE_SCATTER bucket", in.bucket, in.mb >= 0 ? cat(" mb", in.mb) : "");
-    case Op::AllGather: return cat("ALL_GATHER bucket", in.bucket);
-  }
-  return "?";
-}
-
 const char* category(Op op) {
   if (op_is_compute(op)) return "compute";
   if (op == Op::Update || op == Op::StepSync) return "optimizer";
@@ -106,21 +88,21 @@ void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_C
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  double mine[5] = {total.wall, total.compute, total.communication, total.hidden, total.bytes};
-  std::vector<double> all(rank == 0 ? size_t(5 * size) : 0);
-  MPI_CHECK(MPI_Gather(mine, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, world));
+  double mine[6] = {total.wall, total.compute, total.communication, total.hidden, total.bytes, plan.predicted_bubble};
+  std::vector<double> all(rank == 0 ? size_t(6 * size) : 0);
+  MPI_CHECK(MPI_Gather(mine, 6, MPI_DOUBLE, all.data(), 6, MPI_DOUBLE, 0, world));
   if (rank != 0 || steps <= 0) return;
-  (void)plan;
-  std::printf("time per step, mean of %lld steps after the first (ms): wall, compute, bubble (idle share), "
-              "communication, hidden behind compute, MB sent\n",
+  std::printf("time per step, mean of %lld steps after the first (ms): wall, compute, bubble (idle share) next to "
+              "the cost model's, communication, hidden behind compute, MB sent\n",
               static_cast<long long>(steps));
   for (int r = 0; r < size; ++r) {
-    const double* v = &all[size_t(5 * r)];
+    const double* v = &all[size_t(6 * r)];
     const double wall = v[0] / double(steps), compute = v[1] / double(steps), comm = v[2] / double(steps);
     const double bubble = wall > 0 ? std::max(0.0, 1.0 - compute / wall) : 0;
     const double hidden = v[2] > 0 ? v[3] / v[2] : 0;
-    std::printf("timeline rank=%d wall_ms=%.3f compute_ms=%.3f bubble=%.4f comm_ms=%.3f hidden=%.4f sent_mb=%.4f\n", r,
-                wall * 1e3, compute * 1e3, bubble, comm * 1e3, hidden, v[4] / double(steps) / 1e6);
+    std::printf("timeline rank=%d wall_ms=%.3f compute_ms=%.3f bubble=%.4f predicted_bubble=%.4f comm_ms=%.3f "
+                "hidden=%.4f sent_mb=%.4f\n",
+                r, wall * 1e3, compute * 1e3, bubble, v[5], comm * 1e3, hidden, v[4] / double(steps) / 1e6);
   }
   std::fflush(stdout);
 }

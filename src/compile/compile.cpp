@@ -1,6 +1,8 @@
 // Compiler driver: model, graph, passes, lowering, verification; and per-rank binding of plan bodies.
 #include "compile/compile.hpp"
 
+#include <set>
+
 #include "ir/build.hpp"
 #include "passes/passes.hpp"
 #include "model/build.hpp"
@@ -42,12 +44,38 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.samples_per_replica = g.samples_per_microbatch * g.microbatches;
 }
 
+namespace {
+
+// For messages: which directives ordered each device set's nodes.
+OrderOrigins order_origins(const Graph& g, const std::vector<Directive>& applied) {
+  OrderOrigins o;
+  o.per_set.resize(g.sets.size());
+  std::vector<std::set<int>> seen(g.sets.size());
+  for (const auto& e : g.edges) {
+    if (e.removed || e.kind != EdgeKind::Order || e.source_directive < 0) continue;
+    int set = g.nodes[size_t(e.from)].device_set;
+    if (set < 0 || !seen[size_t(set)].insert(e.source_directive).second) continue;
+    for (const auto& d : applied)
+      if (d.index == e.source_directive)
+        o.per_set[size_t(set)] += (o.per_set[size_t(set)].empty() ? "" : ", ") + d.describe();
+  }
+  return o;
+}
+
+}  // namespace
+
 void compile_job(const JobSpec& spec, int world, CompileResult& out) {
   double t0 = now_seconds();
   out.model = build_model(spec.model);
   out.graph = build_training_graph(out.model, spec, world);
   out.applied = apply_directives(out.graph, spec);
   out.bodies = lower(out.graph, spec);
+  out.cost = CostModel::from_spec(spec.cost);
+  out.simulation = simulate_plans(out.bodies, out.cost, order_origins(out.graph, out.applied));
+  for (size_t s = 0; s < out.bodies.size(); ++s) {
+    out.bodies[s].predicted_step = out.simulation.step_time;
+    out.bodies[s].predicted_bubble = out.simulation.bubble[s];
+  }
   out.seconds = now_seconds() - t0;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "compile/simulate.hpp"
 #include "config/job.hpp"
 #include "ir/graph.hpp"
 #include "model/model.hpp"
@@ -16,6 +17,8 @@ struct CompileResult {
   Graph graph;                      // after all passes (graph.model points into this struct: do not copy)
   std::vector<Directive> applied;   // directives as applied, generated ones included
   std::vector<Plan> bodies;         // one per device set; binding fields unset
+  CostModel cost;
+  Simulation simulation;            // verified, predicted timeline of one step
   double seconds = 0;               // wall time of compile (graph, passes, lowering, verification)
   CompileResult() = default;
   CompileResult(const CompileResult&) = delete;

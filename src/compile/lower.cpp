@@ -31,10 +31,17 @@ class Lowerer {
     make_workspace();
     plan_segment_ops(sequence);
     plan_early_reductions(sequence);
+    plan_receives(sequence);
     size_t next_op = 0;
+    size_t compute_index = 0;
     for (int id : sequence) {
       const Node& n = g_.nodes[size_t(id)];
       if (is_compute(n.kind)) {
+        // Receives are posted one compute node ahead of their consumer: early enough to overlap,
+        // late enough to keep each channel in the order the receiver consumes.
+        issue_receives(compute_index);
+        issue_receives(compute_index + 1);
+        ++compute_index;
         while (next_op < ops_.size() && ops_[next_op].node == id) {
           issue_gathers(next_op);
           if (next_op + 1 < ops_.size()) issue_gathers(next_op + 1);  // prefetch one use ahead
@@ -44,7 +51,7 @@ class Lowerer {
             for (int c : early->second) emit_node(g_.nodes[size_t(c)]);
           ++next_op;
         }
-      } else if (!hoisted_.count(id)) {
+      } else if (!hoisted_.count(id) && n.kind != NodeKind::RECV) {
         emit_node(n);
       }
     }
@@ -84,6 +91,7 @@ class Lowerer {
   std::map<std::pair<int, int>, std::vector<int>> early_;  // (compute node, segment) → reductions issued after it
   std::set<int> hoisted_;                                  // reductions issued early
   int32_t last_compute_ = -1;                              // index of the last compute instruction
+  std::map<size_t, std::vector<int>> receives_for_;        // consumer's compute position → receives
   std::map<int, int32_t> last_reduce_scatter_;             // graph bucket → its latest reduce-scatter
 
   int stream_id(const std::string& name) {
@@ -295,6 +303,31 @@ class Lowerer {
       early_[{last, lowest}].push_back(id);
       hoisted_.insert(id);
     }
+  }
+
+  // Receives by the position (among this set's compute nodes) of their first consumer.
+  void plan_receives(const std::vector<int>& sequence) {
+    std::map<int, size_t> compute_position;
+    for (int id : sequence)
+      if (is_compute(g_.nodes[size_t(id)].kind)) compute_position.emplace(id, compute_position.size());
+    auto out = g_.out_edges();
+    for (int id : sequence) {
+      if (g_.nodes[size_t(id)].kind != NodeKind::RECV) continue;
+      size_t first = SIZE_MAX;
+      for (int ei : out[size_t(id)]) {
+        auto it = compute_position.find(g_.edges[size_t(ei)].to);
+        if (it != compute_position.end()) first = std::min(first, it->second);
+      }
+      PIPER_CHECK(first != SIZE_MAX, "receive ", g_.nodes[size_t(id)].label(), " has no consumer on set ", set_);
+      receives_for_[first].push_back(id);
+    }
+  }
+
+  void issue_receives(size_t compute_index) {
+    auto it = receives_for_.find(compute_index);
+    if (it == receives_for_.end()) return;
+    for (int id : it->second) emit_node(g_.nodes[size_t(id)]);
+    receives_for_.erase(it);
   }
 
   // Sharded buckets the segment op needs: gathered (on the gather stream) ahead of the op, one gather per

@@ -168,8 +168,17 @@ void Graph::check_acyclic(const std::string& context) const {
   std::string cycle;
   std::vector<int> cyc(path.begin() + seen[size_t(cur)], path.end());
   std::reverse(cyc.begin(), cyc.end());
-  for (int n : cyc) cycle += nodes[size_t(n)].label() + " -> ";
-  cycle += nodes[size_t(cyc.front())].label();
+  auto named = [&](int n) {
+    const Node& node = nodes[size_t(n)];
+    std::string s = node.label();
+    if (node.device_set >= 0 && size_t(node.device_set) < sets.size()) {
+      const auto& r = sets[size_t(node.device_set)].ranks;
+      s += r.size() == 1 ? cat(" on rank ", r[0]) : cat(" on ranks ", r[0], "..", r.back());
+    }
+    return s;
+  };
+  for (int n : cyc) cycle += named(n) + " -> ";
+  cycle += named(cyc.front());
   int blame = -1;
   for (int d : via_directive) if (d >= 0) blame = d;
   throw UserError(cat(context, ": the order makes a cycle: ", cycle,

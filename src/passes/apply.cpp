@@ -1,5 +1,6 @@
 // Runs the directive passes in the fixed phase order and checks what no single pass can: that the batch
 // divides into replicas and microbatches, and that every multi-rank device set is replicated.
+#include <filesystem>
 #include <map>
 
 #include "ir/build.hpp"
@@ -49,6 +50,7 @@ ScheduleContext schedule_context(const Graph& g, const JobSpec& spec, const std:
   ctx.stages = int(ann->layers.size());
   ctx.ranks = stage_groups(g, places, tag, ctx.stages);
   ctx.first_index = int(spec.directives.size());
+  ctx.base_dir = std::filesystem::path(spec.path).parent_path().string();
   return ctx;
 }
 

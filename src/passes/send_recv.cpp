@@ -1,5 +1,8 @@
 // Inserts a SEND/RECV pair on every data edge between nodes of different device sets.
 // The pair shares one id (the SEND's) used as the message tag.
+#include <map>
+#include <tuple>
+
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 
@@ -19,6 +22,8 @@ int64_t tensor_bytes(const Graph& g, const TensorRef& t) {
 }  // namespace
 
 void insert_send_recv(Graph& g) {
+  // One transfer per (producer, tensor, receiving set): several consumers there share its RECV.
+  std::map<std::tuple<int, int, int, int, int>, int> received;
   const size_t e_before = g.edges.size();
   for (size_t ei = 0; ei < e_before; ++ei) {
     Edge e = g.edges[ei];
@@ -29,13 +34,19 @@ void insert_send_recv(Graph& g) {
     PIPER_CHECK(e.tensor.kind == TensorRef::Kind::Act || e.tensor.kind == TensorRef::Kind::ActGrad,
                 "cross-set edge carries ", e.tensor.str());
     g.edges[ei].removed = true;
+    auto key = std::make_tuple(e.from, int(e.tensor.kind), e.tensor.index, e.tensor.mb, to.device_set);
+    if (auto it = received.find(key); it != received.end()) {
+      g.add_edge(it->second, e.to, EdgeKind::Data, e.tensor);
+      continue;
+    }
     Node send;
     send.kind = NodeKind::SEND;
     send.tags = from.tags;
     send.mb = from.mb;  // compute nodes always carry their microbatch (0 before any split)
     send.device_set = from.device_set;
     send.peer_set = to.device_set;
-    send.stream = "p2p";
+    // Forward activations and backward gradients travel on separate channels (streams), each in FIFO order.
+    send.stream = e.tensor.kind == TensorRef::Kind::Act ? "p2p.fwd" : "p2p.bwd";
     send.tensor = e.tensor;
     send.bytes = tensor_bytes(g, e.tensor);
     Node recv = send;
@@ -50,6 +61,7 @@ void insert_send_recv(Graph& g) {
     g.add_edge(e.from, s, EdgeKind::Data, e.tensor);
     g.add_edge(s, r, EdgeKind::Data, e.tensor);
     g.add_edge(r, e.to, EdgeKind::Data, e.tensor);
+    received[key] = r;
   }
 }
 

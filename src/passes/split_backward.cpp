@@ -27,12 +27,27 @@ void apply_split_backward(Graph& g, const std::vector<Directive>& orders) {
           if (filter_matches_region(region_filter, r)) r.split_backward = true;
       }
   }
-  auto out = g.out_edges();
-  auto in = g.in_edges();
   const size_t n_before = g.nodes.size();
+  std::vector<int> to_split;
   for (size_t i = 0; i < n_before; ++i) {
-    Node& b = g.nodes[i];
-    if (b.removed || b.kind != NodeKind::B || !g.regions[size_t(b.region)].split_backward) continue;
+    const Node& b = g.nodes[i];
+    if (!b.removed && b.kind == NodeKind::B && g.regions[size_t(b.region)].split_backward) to_split.push_back(int(i));
+  }
+  if (to_split.empty()) return;
+  // Live edges per node, kept up to date as nodes are replaced (a neighbour may itself be split later).
+  std::vector<std::vector<int>> in(g.nodes.size() + 2 * to_split.size()), out(in.size());
+  for (size_t ei = 0; ei < g.edges.size(); ++ei)
+    if (!g.edges[ei].removed) {
+      in[size_t(g.edges[ei].to)].push_back(int(ei));
+      out[size_t(g.edges[ei].from)].push_back(int(ei));
+    }
+  auto connect = [&](int from, int to, EdgeKind kind, const TensorRef& t, int directive) {
+    int ei = g.add_edge(from, to, kind, t, directive);
+    in[size_t(to)].push_back(ei);
+    out[size_t(from)].push_back(ei);
+  };
+  for (int i : to_split) {
+    Node& b = g.nodes[size_t(i)];
     Node bi = b, bw = b;
     bi.kind = NodeKind::BI;
     bw.kind = NodeKind::BW;
@@ -41,21 +56,23 @@ void apply_split_backward(Graph& g, const std::vector<Directive>& orders) {
     b.removed = true;
     int bi_id = g.add_node(bi);
     int bw_id = g.add_node(bw);
-    for (int ei : in[i]) {
+    for (int ei : in[size_t(i)]) {
+      if (g.edges[size_t(ei)].removed) continue;
       Edge e = g.edges[size_t(ei)];
       g.edges[size_t(ei)].removed = true;
-      g.add_edge(e.from, bi_id, e.kind, e.tensor, e.source_directive);
+      connect(e.from, bi_id, e.kind, e.tensor, e.source_directive);
       // the weight gradient needs the stash and the incoming gradient too
       if (e.tensor.kind == TensorRef::Kind::Stash || e.tensor.kind == TensorRef::Kind::ActGrad)
-        g.add_edge(e.from, bw_id, e.kind, e.tensor, e.source_directive);
+        connect(e.from, bw_id, e.kind, e.tensor, e.source_directive);
     }
-    for (int ei : out[i]) {
+    for (int ei : out[size_t(i)]) {
+      if (g.edges[size_t(ei)].removed) continue;
       Edge e = g.edges[size_t(ei)];
       g.edges[size_t(ei)].removed = true;
       int from = e.tensor.kind == TensorRef::Kind::Grads ? bw_id : bi_id;
-      g.add_edge(from, e.to, e.kind, e.tensor, e.source_directive);
+      connect(from, e.to, e.kind, e.tensor, e.source_directive);
     }
-    g.add_edge(bi_id, bw_id, EdgeKind::Data, {TensorRef::Kind::Stash, -1, bi.mb});
+    connect(bi_id, bw_id, EdgeKind::Data, {TensorRef::Kind::Stash, -1, bi.mb}, -1);
   }
 }
 

@@ -74,6 +74,24 @@ std::vector<int32_t> Plan::group_ranks(const GroupRef& g) const {
   return out;
 }
 
+std::string instr_label(const Plan& p, const Instr& in) {
+  auto seg = [&] { return in.segment >= 0 ? p.segments[size_t(in.segment)].name : std::string(); };
+  switch (in.op) {
+    case Op::Forward: return cat("F ", seg(), " mb", in.mb);
+    case Op::Backward: return cat("B ", seg(), " mb", in.mb);
+    case Op::BackwardInput: return cat("BI ", seg(), " mb", in.mb);
+    case Op::BackwardWeight: return cat("BW ", seg(), " mb", in.mb);
+    case Op::Update: return cat("UPDATE bucket", in.bucket);
+    case Op::StepSync: return "STEP_SYNC";
+    case Op::Send: return cat("SEND ", p.buffers[size_t(in.buf)].name, " -> rank ", p.peer_rank(in.peer_set));
+    case Op::Recv: return cat("RECV ", p.buffers[size_t(in.buf)].name, " <- rank ", p.peer_rank(in.peer_set));
+    case Op::AllReduce: return cat("ALL_REDUCE bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
+    case Op::ReduceScatter: return cat("REDUCE_SCATTER bucket", in.bucket, in.mb >= 0 ? cat(" mb", in.mb) : "");
+    case Op::AllGather: return cat("ALL_GATHER bucket", in.bucket);
+  }
+  return "?";
+}
+
 std::string plan_to_text(const Plan& p) {
   std::ostringstream os;
   os << "# plan of device set " << p.set << " (ranks";

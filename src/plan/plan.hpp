@@ -151,6 +151,8 @@ struct Plan {
   int32_t workspace_buf = -1;
   int32_t attn_scratch_buf = -1;  // backend-sized at run time; see attention_scratch_floats
   MemoryEstimate memory;
+  double predicted_step = 0;    // cost model: seconds per step (the whole job)
+  double predicted_bubble = 0;  // cost model: idle share of this set's compute stream
 
   // ---- binding: this rank ----
   int rank = 0;
@@ -166,6 +168,8 @@ void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<in
 // Serialization: body and job-wide part together; the binding separately so bodies are shared.
 std::vector<uint8_t> serialize_plan(const Plan& plan);
 Plan deserialize_plan(const uint8_t* data, size_t size);
+// "F blocks.3 mb2", "SEND act4.mb2 -> rank 1", ...: one instruction for people.
+std::string instr_label(const Plan& p, const Instr& in);
 // Human-readable dump.
 std::string plan_to_text(const Plan& plan);
 

@@ -183,6 +183,8 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put(p.workspace_buf);
   w.put(p.attn_scratch_buf);
   w.put(p.memory);
+  w.put(p.predicted_step);
+  w.put(p.predicted_bubble);
   // binding
   w.put<int32_t>(p.rank);
   w.put<int32_t>(p.replica);
@@ -263,6 +265,8 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.workspace_buf = r.get<int32_t>();
   p.attn_scratch_buf = r.get<int32_t>();
   p.memory = r.get<MemoryEstimate>();
+  p.predicted_step = r.get<double>();
+  p.predicted_bubble = r.get<double>();
   p.rank = r.get<int32_t>();
   p.replica = r.get<int32_t>();
   if (!r.done()) throw SystemError("plan has trailing bytes");

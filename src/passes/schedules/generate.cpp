@@ -1,4 +1,6 @@
 // Dispatch from a schedule directive to its generator, and conversion of slots into order directives.
+#include <filesystem>
+
 #include "passes/schedules/schedules.hpp"
 #include "util/error.hpp"
 
@@ -26,9 +28,22 @@ Directive order_from_slots(const ScheduleContext& ctx, const Directive& schedule
 
 std::vector<Directive> generate_schedule(const Directive& schedule, const ScheduleContext& ctx) {
   std::vector<std::vector<Slot>> per_rank;
-  if (schedule.kind == "gpipe") per_rank = gpipe_slots(ctx);
-  else if (schedule.kind == "1f1b") per_rank = one_f_one_b_slots(ctx);
-  else throw UserError(cat(schedule.describe(), ": schedule kind \"", schedule.kind, "\" is not available"));
+  try {
+    if (schedule.kind == "gpipe") per_rank = gpipe_slots(ctx);
+    else if (schedule.kind == "1f1b") per_rank = one_f_one_b_slots(ctx);
+    else if (schedule.kind == "interleaved-1f1b") per_rank = interleaved_slots(ctx);
+    else if (schedule.kind == "zb-h1") per_rank = zb_h1_slots(ctx);
+    else if (schedule.kind == "dualpipev") per_rank = dualpipev_slots(ctx);
+    else if (schedule.kind == "file") {
+      std::filesystem::path f(schedule.file);
+      if (f.is_relative() && !ctx.base_dir.empty()) f = std::filesystem::path(ctx.base_dir) / f;
+      per_rank = file_slots(f.string());
+    } else {
+      throw UserError(cat("schedule kind \"", schedule.kind, "\" is not available"));
+    }
+  } catch (const UserError& e) {
+    throw UserError(cat(schedule.describe(), ": ", e.what()));
+  }
   std::vector<Directive> out;
   for (const auto& slots : per_rank) {
     Directive d = order_from_slots(ctx, schedule, slots);

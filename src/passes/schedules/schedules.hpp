@@ -16,6 +16,7 @@ struct ScheduleContext {
   // directives); one group per pipeline rank.
   std::vector<std::vector<int>> ranks;
   int first_index = 0;     // index given to the first generated directive
+  std::string base_dir;    // where relative schedule files are looked up (the job file's folder)
 };
 
 // One slot entry: a pass of one stage for one microbatch.
@@ -34,5 +35,10 @@ std::vector<Directive> generate_schedule(const Directive& schedule, const Schedu
 // The per-rank slot lists of each kind (exposed for tests and the cost model).
 std::vector<std::vector<Slot>> gpipe_slots(const ScheduleContext& ctx);
 std::vector<std::vector<Slot>> one_f_one_b_slots(const ScheduleContext& ctx);
+std::vector<std::vector<Slot>> interleaved_slots(const ScheduleContext& ctx);
+std::vector<std::vector<Slot>> zb_h1_slots(const ScheduleContext& ctx);
+std::vector<std::vector<Slot>> dualpipev_slots(const ScheduleContext& ctx);
+// `path` is a .toml or .csv action list (see from_file.cpp).
+std::vector<std::vector<Slot>> file_slots(const std::string& path);
 
 }  // namespace piper
