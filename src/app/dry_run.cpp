@@ -59,6 +59,36 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
   if (!out) throw SystemError(cat("cannot write ", p.string()));
 }
 
+// The cost model's timeline of one step, in the Chrome-trace format --trace writes (times in microseconds,
+// uniform units scaled by 1000): one process per device set (its first rank), one thread per stream.
+std::string predicted_timeline_json(const CompileResult& r) {
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"predicted\":true,\"traceEvents\":[\n";
+  const double scale = r.cost.uniform ? 1e3 : 1e6;
+  bool first = true;
+  for (size_t s = 0; s < r.bodies.size(); ++s) {
+    const Plan& p = r.bodies[s];
+    const int rank = p.sets[s][0];
+    Plan bound = bind_plan(p, rank);
+    auto add = [&](const std::string& e) {
+      out += (first ? "" : ",\n") + e;
+      first = false;
+    };
+    add(cat("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":", rank, ",\"args\":{\"name\":\"rank ", rank,
+            " (device set ", s, ")\"}}"));
+    for (size_t t = 0; t < p.streams.size(); ++t)
+      add(cat("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", rank, ",\"tid\":", t, ",\"args\":{\"name\":\"",
+              p.streams[t], "\"}}"));
+    for (const auto& span : r.simulation.spans[s]) {
+      const Instr& in = p.instrs[size_t(span.instr)];
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), "\"ts\":%.3f,\"dur\":%.3f", span.start * scale, (span.end - span.start) * scale);
+      add(cat("{\"name\":\"", instr_label(bound, in), "\",\"ph\":\"X\",", buf, ",\"pid\":", rank, ",\"tid\":",
+              int(in.stream), ",\"args\":{\"instr\":", span.instr, ",\"node\":", in.node, ",\"mb\":", in.mb, "}}"));
+    }
+  }
+  return out + "\n]}\n";
+}
+
 }  // namespace
 
 int dry_run(const CliOptions& opts, int world_size) {
@@ -105,8 +135,9 @@ int dry_run(const CliOptions& opts, int world_size) {
       Plan bound = bind_plan(result.bodies[s], result.bodies[s].sets[s][0]);
       write_file(dir / cat("plan_set", s, ".txt"), plan_to_text(bound));
     }
-    std::printf("wrote graph.txt, graph.dot, directives.txt and %zu plan files to %s\n", result.bodies.size(),
-                dir.string().c_str());
+    write_file(dir / "timeline.json", predicted_timeline_json(result));
+    std::printf("wrote graph.txt, graph.dot, directives.txt, timeline.json (predicted) and %zu plan files to %s\n",
+                result.bodies.size(), dir.string().c_str());
   }
   return 0;
 }

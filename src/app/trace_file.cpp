@@ -53,7 +53,8 @@ void write_trace(const std::string& path, Executor& ex, const std::vector<TraceE
     const double ts = e.start * 1e6, dur = std::max(0.0, e.end - e.start) * 1e6;
     std::snprintf(buf, sizeof(buf), "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d", ts, dur, rank, int(in.stream));
     out += cat("{\"name\":\"", json_escape(instr_label(p, in)), "\",\"cat\":\"", category(in.op), "\",\"ph\":\"X\",", buf,
-               ",\"args\":{\"step\":", e.step + 1, ",\"instr\":", e.instr, "}},\n");
+               ",\"args\":{\"step\":", e.step + 1, ",\"instr\":", e.instr, ",\"node\":", in.node, ",\"mb\":", in.mb,
+               "}},\n");
     if (in.op == Op::Send || in.op == Op::Recv) {
       const bool send = in.op == Op::Send;
       const int sender = send ? rank : p.peer_rank(in.peer_set);
