@@ -89,21 +89,24 @@ void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_C
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  double mine[6] = {total.wall, total.compute, total.communication, total.hidden, total.bytes, plan.predicted_bubble};
-  std::vector<double> all(rank == 0 ? size_t(6 * size) : 0);
-  MPI_CHECK(MPI_Gather(mine, 6, MPI_DOUBLE, all.data(), 6, MPI_DOUBLE, 0, world));
+  constexpr int K = 7;
+  double mine[K] = {total.wall,  total.compute,          total.communication,   total.hidden,
+                    total.p2p_bytes, total.collective_bytes, plan.predicted_bubble};
+  std::vector<double> all(rank == 0 ? size_t(K * size) : 0);
+  MPI_CHECK(MPI_Gather(mine, K, MPI_DOUBLE, all.data(), K, MPI_DOUBLE, 0, world));
   if (rank != 0 || steps <= 0) return;
   std::printf("time per step, mean of %lld steps after the first (ms): wall, compute, bubble (idle share) next to "
               "the cost model's, communication, hidden behind compute, MB sent\n",
               static_cast<long long>(steps));
   for (int r = 0; r < size; ++r) {
-    const double* v = &all[size_t(6 * r)];
+    const double* v = &all[size_t(K * r)];
     const double wall = v[0] / double(steps), compute = v[1] / double(steps), comm = v[2] / double(steps);
     const double bubble = wall > 0 ? std::max(0.0, 1.0 - compute / wall) : 0;
     const double hidden = v[2] > 0 ? v[3] / v[2] : 0;
     std::printf("timeline rank=%d wall_ms=%.3f compute_ms=%.3f bubble=%.4f predicted_bubble=%.4f comm_ms=%.3f "
-                "hidden=%.4f sent_mb=%.4f\n",
-                r, wall * 1e3, compute * 1e3, bubble, v[5], comm * 1e3, hidden, v[4] / double(steps) / 1e6);
+                "hidden=%.4f p2p_mb=%.4f collective_mb=%.4f\n",
+                r, wall * 1e3, compute * 1e3, bubble, v[6], comm * 1e3, hidden, v[4] / double(steps) / 1e6,
+                v[5] / double(steps) / 1e6);
   }
   std::fflush(stdout);
 }

@@ -45,7 +45,8 @@ StepTimes& StepTimes::operator+=(const StepTimes& o) {
   compute += o.compute;
   communication += o.communication;
   hidden += o.hidden;
-  bytes += o.bytes;
+  p2p_bytes += o.p2p_bytes;
+  collective_bytes += o.collective_bytes;
   return *this;
 }
 
@@ -68,7 +69,8 @@ StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, do
     const Instr& in = plan.instrs[size_t(e.instr)];
     if (op_is_async(in.op)) {
       comm.push_back({e.start, e.end});
-      t.bytes += instr_send_bytes(in, in.group >= 0 ? group_sizes[size_t(in.group)] : 2);
+      const double b = instr_send_bytes(in, in.group >= 0 ? group_sizes[size_t(in.group)] : 2);
+      (in.op == Op::Send || in.op == Op::Recv ? t.p2p_bytes : t.collective_bytes) += b;
     } else if (in.op != Op::StepSync) {
       compute.push_back({e.start, e.end});
     }

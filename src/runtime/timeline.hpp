@@ -20,7 +20,8 @@ struct StepTimes {
   double compute = 0;       // union of compute, update and step-sync-free work
   double communication = 0; // union of posted-to-completed communication
   double hidden = 0;        // communication time during which compute was busy
-  double bytes = 0;         // bytes this rank handed to communication (ring-algorithm volume)
+  double p2p_bytes = 0;         // bytes this rank sent point-to-point
+  double collective_bytes = 0;  // bytes this rank sent in collectives (ring-algorithm volume)
   StepTimes& operator+=(const StepTimes& o);
 };
 
