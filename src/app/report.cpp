@@ -8,6 +8,7 @@
 
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
+#include "util/mpi_gather.hpp"
 
 namespace piper {
 
@@ -93,26 +94,14 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
     mine.push_back(uint64_t(pp.model_param));
     mine.push_back(fnv1a(host.data(), host.size() * sizeof(float)));
   }
-  int n = int(mine.size());
-  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world));
-  std::vector<uint64_t> all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) {
-      displs[size_t(r)] = total;
-      total += counts[size_t(r)];
-    }
-    all.resize(size_t(total));
-  }
-  MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, 0, world));
+  Gathered<uint64_t> all = gather_to_root(mine, world);
   int ok = 1;
   if (rank == 0) {
     std::map<uint64_t, std::pair<int, uint64_t>> first;  // param → (rank, hash) of its first holder
     int compared = 0;
     for (int r = 0; r < size && ok; ++r)
-      for (int i = 0; i < counts[size_t(r)]; i += 2) {
-        uint64_t param = all[size_t(displs[size_t(r)] + i)], hash = all[size_t(displs[size_t(r)] + i + 1)];
+      for (const uint64_t* e = all.begin(r); e < all.end(r); e += 2) {
+        uint64_t param = e[0], hash = e[1];
         auto [it, inserted] = first.emplace(param, std::make_pair(r, hash));
         if (inserted) continue;
         ++compared;

@@ -6,6 +6,7 @@
 
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
+#include "util/mpi_gather.hpp"
 
 namespace piper {
 
@@ -63,19 +64,8 @@ void write_trace(const std::string& path, Executor& ex, const std::vector<TraceE
                  "\"id\":", flow_id(e.step, sender, in.tag), ",", buf, "},\n");
     }
   }
-  int n = int(out.size());
-  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world));
-  std::string all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) {
-      displs[size_t(r)] = total;
-      total += counts[size_t(r)];
-    }
-    all.resize(size_t(total));
-  }
-  MPI_CHECK(MPI_Gatherv(out.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, world));
+  Gathered<char> gathered = gather_to_root(std::vector<char>(out.begin(), out.end()), world);
+  std::string all(gathered.data.begin(), gathered.data.end());
   if (rank != 0) return;
   if (all.size() >= 2) all.resize(all.size() - 2);  // the last ",\n"
   std::ofstream f(path);

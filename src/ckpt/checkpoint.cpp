@@ -12,6 +12,7 @@
 
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
+#include "util/mpi_gather.hpp"
 
 #define H5_CHECK(expr)                                                                          \
   ([&]() {                                                                                      \
@@ -204,16 +205,7 @@ void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, M
   // Who sends what: every rank's piece list reaches rank 0.
   std::vector<int64_t> meta;
   for (const auto& p : mine) meta.insert(meta.end(), {p.param, p.start, p.count});
-  int n = int(meta.size());
-  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm));
-  std::vector<int64_t> all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) { displs[size_t(r)] = total; total += counts[size_t(r)]; }
-    all.resize(size_t(total));
-  }
-  MPI_CHECK(MPI_Gatherv(meta.data(), n, MPI_INT64_T, all.data(), counts.data(), displs.data(), MPI_INT64_T, 0, comm));
+  Gathered<int64_t> all = gather_to_root(meta, comm);
 
   std::vector<float> staging;
   if (rank != 0) {
@@ -232,10 +224,7 @@ void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, M
   struct From { int rank; int64_t start, count; };
   std::map<int64_t, std::vector<From>> by_param;
   for (int r = 0; r < size; ++r)
-    for (int i = 0; i < counts[size_t(r)]; i += 3) {
-      const int64_t* e = &all[size_t(displs[size_t(r)] + i)];
-      by_param[e[0]].push_back({r, e[1], e[2]});
-    }
+    for (const int64_t* e = all.begin(r); e < all.end(r); e += 3) by_param[e[0]].push_back({r, e[1], e[2]});
   std::map<std::pair<int64_t, int64_t>, const Piece*> local;
   for (const auto& p : mine) local[{p.param, p.start}] = &p;
 
