@@ -335,6 +335,7 @@ class Lowerer {
   // again later (the tied embedding at the head) is gathered again rather than held in between.
   void issue_gathers(size_t op_index) {
     const SegOp& op = ops_[op_index];
+    if (g_.nodes[size_t(op.node)].kind == NodeKind::BW) return;  // weight gradients never read the weights
     for (int param : m_.segments[size_t(op.segment)].params) {
       int gb = graph_bucket_of_param(param);
       if (!plan_bucket(gb).shard_params || instance_for_op_.count({op_index, gb})) continue;

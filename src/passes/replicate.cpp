@@ -2,6 +2,7 @@
 // 1 reduce-scatters it (each rank updates its shard) and all-gathers the updated parameters; 2 reduce-
 // scatters every microbatch's gradients into the shard (full gradients live only per bucket and
 // microbatch); 3 also keeps parameters sharded and all-gathers each bucket just before every use.
+#include <map>
 #include <set>
 
 #include "ir/build.hpp"
@@ -76,14 +77,18 @@ void insert_replication(Graph& g) {
       for (int w : writers) g.add_edge(w, id, EdgeKind::Data, c.tensor);
       g.add_edge(id, sync, EdgeKind::Data, c.tensor);
     } else {
+      // One reduce-scatter per microbatch, after every node that writes the bucket for it (a tied
+      // parameter's bucket has two writers on a set that holds both of its users).
       c.kind = NodeKind::REDUCE_SCATTER;
-      for (int w : writers) {
+      std::map<int, std::vector<int>> writers_by_mb;
+      for (int w : writers) writers_by_mb[g.nodes[size_t(w)].mb].push_back(w);
+      for (const auto& [mb, ws] : writers_by_mb) {
         Node per = c;
-        per.mb = g.nodes[size_t(w)].mb;
-        per.tensor.mb = per.mb;
-        per.tags["MB"] = per.mb;
+        per.mb = mb;
+        per.tensor.mb = mb;
+        per.tags["MB"] = mb;
         int id = g.add_node(per);
-        g.add_edge(w, id, EdgeKind::Data, per.tensor);
+        for (int w : ws) g.add_edge(w, id, EdgeKind::Data, per.tensor);
         g.add_edge(id, sync, EdgeKind::Data, per.tensor);
       }
     }

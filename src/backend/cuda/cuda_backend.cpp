@@ -1,0 +1,153 @@
+// The CUDA backend: device memory from cudaMalloc, one non-blocking cudaStream_t (with its own cuBLAS handle)
+// per executor stream, CudaKernels, and NCCL communicators. The GPU is local_rank modulo the devices visible.
+#ifdef PIPER_HAVE_CUDA
+#include <algorithm>
+#include <memory>
+
+#include "backend/backend.hpp"
+#include "backend/cuda/cuda_common.hpp"
+#include "backend/cuda/cuda_kernels.hpp"
+#include "backend/cuda/nccl_communicator.hpp"
+
+namespace piper {
+
+namespace {
+
+thread_local CudaStream* t_bound_stream = nullptr;
+
+}  // namespace
+
+CudaStream* bound_cuda_stream() { return t_bound_stream; }
+void bind_cuda_stream(CudaStream* s) { t_bound_stream = s; }
+
+CudaStream::CudaStream(int device, const std::string& name) : device_(device), name_(name) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  // fp32 everywhere: no TF32 tensor-core rounding, so results match the CPU backend within fp32 tolerance
+  CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+}
+
+CudaStream::~CudaStream() {
+  // Destructors must not throw: errors here would only repeat an earlier, reported failure.
+  if (t_bound_stream == this) t_bound_stream = nullptr;
+  if (workspace_) (void)cudaFreeAsync(workspace_, stream_);
+  (void)cudaStreamSynchronize(stream_);
+  (void)cublasDestroy(blas_);
+  (void)cudaStreamDestroy(stream_);
+}
+
+void* CudaStream::workspace(size_t bytes) {
+  if (bytes <= workspace_bytes_) return workspace_;
+  constexpr size_t kMiB = size_t(1) << 20;
+  size_t grown = std::max(bytes, workspace_bytes_ + workspace_bytes_ / 2);
+  grown = (grown + kMiB - 1) / kMiB * kMiB;
+  // Stream-ordered: earlier kernels of this stream finish with the old buffer before it is reused.
+  if (workspace_) CUDA_CHECK(cudaFreeAsync(workspace_, stream_));
+  workspace_ = nullptr;
+  workspace_bytes_ = 0;
+  CUDA_CHECK(cudaMallocAsync(&workspace_, grown, stream_));
+  workspace_bytes_ = grown;
+  return workspace_;
+}
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int local_rank) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count < 1)
+      throw SystemError(cat("job.backend = \"cuda\" but no CUDA device is usable on this node (cudaGetDeviceCount: ",
+                            cudaGetErrorString(err), ", ", count, " devices)"));
+    device_ = local_rank % count;
+    CUDA_CHECK(cudaSetDevice(device_));
+    fallback_ = std::make_unique<CudaStream>(device_, "host");
+    kernels_ = std::make_unique<CudaKernels>(fallback_.get());
+  }
+
+  std::string name() const override { return "cuda"; }
+  Kernels& kernels() override { return *kernels_; }
+
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+      throw SystemError(cat("out of GPU memory: cudaMalloc of ", bytes, " bytes on device ", device_, " failed (",
+                            cudaGetErrorString(err), "; ", free_bytes >> 20, " of ", total_bytes >> 20,
+                            " MiB free)"));
+    }
+    return p;
+  }
+
+  // Called from destructors: a failure here cannot be reported usefully, so it is not thrown.
+  void release(void* p, size_t) override {
+    if (p) (void)cudaFree(p);
+  }
+
+  void zero(void* p, size_t bytes) override {
+    if (bytes == 0) return;
+    CudaKernels::Target t = kernels_->target();
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, t.stream.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(t.stream.stream()));
+  }
+
+  std::unique_ptr<StreamContext> make_stream(const std::string& name) override {
+    return std::make_unique<CudaStream>(device_, name);
+  }
+
+  void bind(StreamContext* s) override {
+    CudaStream* cs = nullptr;
+    if (s) {
+      cs = dynamic_cast<CudaStream*>(s);
+      PIPER_CHECK(cs, "bind: the stream was not made by the CUDA backend");
+    }
+    bind_cuda_stream(cs);
+    CUDA_CHECK(cudaSetDevice(device_));  // the device is per host thread
+  }
+
+  // A completed instruction's device work is finished before others may use its buffers: the stream is
+  // synchronized here. Compute streams are already idle (the executor synchronizes them); communication
+  // streams only hold the short kernels that follow a finished transfer, since NCCL runs on streams of
+  // the communicators. Device-side waits are therefore never needed.
+  void record(StreamContext* s, int) override { synchronize(s); }
+  void wait(StreamContext*, int) override {}
+  void prepare_events(int) override {}
+
+  void synchronize(StreamContext* s) override {
+    if (s) {
+      auto* cs = dynamic_cast<CudaStream*>(s);
+      PIPER_CHECK(cs, "synchronize: the stream was not made by the CUDA backend");
+      CUDA_CHECK(cudaStreamSynchronize(cs->stream()));
+      return;
+    }
+    CudaKernels::Target t = kernels_->target();
+    CUDA_CHECK(cudaStreamSynchronize(t.stream.stream()));
+  }
+
+  std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) override {
+    return make_nccl_communicator(comm, world, device_);
+  }
+
+  size_t attention_scratch_floats(int samples, int T, int C, int NH) override {
+    return kernels_->attention_scratch_floats(samples, T, C, NH);
+  }
+
+ private:
+  int device_ = 0;
+  std::unique_ptr<CudaStream> fallback_;  // for threads without a bound stream
+  std::unique_ptr<CudaKernels> kernels_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank) { return std::make_unique<CudaBackend>(local_rank); }
+
+}  // namespace piper
+
+#endif  // PIPER_HAVE_CUDA

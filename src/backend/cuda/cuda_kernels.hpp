@@ -1,0 +1,63 @@
+// CUDA implementation of the compute primitives: cuBLAS fp32 gemms (no TF32) for every matmul and the
+// backend's own kernels (cuda_launch.hpp) for the rest. Work goes to the calling thread's bound stream.
+#pragma once
+#include <mutex>
+
+#include "backend/cuda/cuda_common.hpp"
+#include "backend/kernels.hpp"
+
+namespace piper {
+
+class CudaKernels final : public Kernels {
+ public:
+  // `fallback` serves threads that never bound a stream (setup, checkpoints), one call at a time.
+  explicit CudaKernels(CudaStream* fallback) : fallback_(fallback) {}
+
+  // The stream a call of the current thread runs on; holds the fallback's lock while alive.
+  struct Target {
+    CudaStream& stream;
+    std::unique_lock<std::mutex> lock;
+  };
+  Target target();
+
+  void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
+  void linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N, int C,
+                           int OC) override;
+  void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+                             bool accumulate) override;
+  void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+                              bool accumulate) override;
+  void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) override;
+  void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+                         int C) override;
+  void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
+                                const float* w, int N, int C, bool accumulate) override;
+  void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                 const float* rstd, int N, int C, bool accumulate) override;
+  void attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) override;
+  void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch, int B,
+                          int T, int C, int NH) override;
+  size_t attention_scratch_floats(int B, int T, int C, int NH) const override;
+  void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
+                         int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
+                          bool accumulate_wte, bool accumulate_wpe) override;
+  void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
+                            float scale) override;
+  void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
+                             float scale) override;
+  void add(float* y, const float* a, const float* b, size_t n) override;
+  void accumulate(float* y, const float* x, size_t n) override;
+  void fill(float* y, float value, size_t n) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void sum_squares(double* acc, const float* x, size_t n) override;
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
+
+ private:
+  CudaStream* fallback_;
+  std::mutex fallback_mu_;
+};
+
+}  // namespace piper

@@ -1,0 +1,65 @@
+// Host-side launchers of the CUDA backend's own kernels (the .cu files), called by CudaKernels.
+// Every launcher enqueues on `s` and returns at once; shapes are row-major, as in kernels.hpp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/kernels.hpp"
+
+namespace piper::cuda {
+
+// ---- linear_kernels.cu ----
+// y(N,OC) = b broadcast over rows
+void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s);
+// pre(N,OC) += b (b may be null); y(N,OC) = gelu_tanh(pre)
+void bias_gelu(float* pre, float* y, const float* b, int N, int OC, cudaStream_t s);
+// dpre(n) = dy(n) * gelu_tanh'(pre(n)); dpre may alias dy
+void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n, cudaStream_t s);
+
+// Column sums over rows are done in two deterministic stages: partial sums of row chunks, then the sum
+// of the chunks in fixed order. column_chunks(N) chunks of C floats make one partial buffer.
+inline int column_chunks(int N) {
+  int chunks = (N + 63) / 64;
+  return chunks < 1 ? 1 : (chunks > 128 ? 128 : chunks);
+}
+// sum(C) (+)= Σ_rows x(N,C); partial: column_chunks(N)·C floats
+void column_sums(float* sum, const float* x, int N, int C, bool accumulate, float* partial, cudaStream_t s);
+// out(C) (+)= Σ_chunks partial(chunks,C), in chunk order
+void column_finish(float* out, const float* partial, int chunks, int C, bool accumulate, cudaStream_t s);
+
+// ---- norm_kernels.cu ----
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+                       int C, cudaStream_t s);
+void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
+                              const float* w, int N, int C, bool accumulate, cudaStream_t s);
+// dw(C), db(C) (+)= Σ_rows dy·xhat, Σ_rows dy; partial: 2·column_chunks(N)·C floats
+void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                               const float* rstd, int N, int C, bool accumulate, float* partial, cudaStream_t s);
+void add(float* y, const float* a, const float* b, size_t n, cudaStream_t s);
+void accumulate(float* y, const float* x, size_t n, cudaStream_t s);
+void fill(float* y, float value, size_t n, cudaStream_t s);
+
+// ---- attention_kernels.cu ----
+// In place on rows(rows,T) of scores, row r at causal position t = r % T: softmax over [0,t], zeros after.
+void causal_softmax_forward(float* att, int64_t rows, int T, cudaStream_t s);
+// dP(rows,T) → dS = P ⊙ (dP − Σ_j P·dP) over [0,t], zeros after; in place on dP.
+void causal_softmax_backward(float* dp, const float* p, int64_t rows, int T, cudaStream_t s);
+
+// ---- embed_loss_optim_kernels.cu ----
+void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T, int C,
+                       cudaStream_t s);
+void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
+                        bool accumulate_wte, bool accumulate_wpe, cudaStream_t s);
+// probs(N,V) = softmax(logits) (may alias); row_loss(N) = -log probs[target]; *loss_sum += scale·Σ row_loss.
+void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
+                          float scale, double* row_loss, cudaStream_t s);
+void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V, float scale,
+                           cudaStream_t s);
+// *acc += Σ x²; partial: sum_squares_partials(n) doubles
+size_t sum_squares_partials(size_t n);
+void sum_squares(double* acc, const float* x, size_t n, double* partial, cudaStream_t s);
+void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args, cudaStream_t s);
+
+}  // namespace piper::cuda

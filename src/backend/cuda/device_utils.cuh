@@ -1,0 +1,92 @@
+// Device helpers shared by the CUDA kernel files: warp and block reductions in a fixed order (results do
+// not depend on timing), launch sizing, and the GELU-tanh used by forward and backward.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+
+namespace piper::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ inline double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. blockDim.x is a multiple of 32; `shared` holds 32.
+__device__ inline float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read by a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.f;
+  return warp_sum(v);
+}
+
+__device__ inline double block_sum(double v, double* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0;
+  return warp_sum(v);
+}
+
+__device__ inline float block_max(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ inline float gelu_tanh(float x) {
+  float t = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+
+__device__ inline float gelu_tanh_grad(float x) {
+  float x2 = x * x;
+  float t = tanhf(kGeluScale * (x + kGeluCubic * x2 * x));
+  float dt = kGeluScale * (1.0f + 3.0f * kGeluCubic * x2) * (1.0f - t * t);
+  return 0.5f * (1.0f + t) + 0.5f * x * dt;
+}
+
+// Threads per block for one block per row of `width` elements: a power of two in [32, 512].
+inline int row_threads(int width) {
+  int t = 32;
+  while (t < width && t < 512) t *= 2;
+  return t;
+}
+
+// Blocks for a grid-stride loop over n elements.
+inline unsigned grid_for(size_t n, int threads) {
+  size_t blocks = (n + size_t(threads) - 1) / size_t(threads);
+  if (blocks < 1) blocks = 1;
+  if (blocks > 16384) blocks = 16384;
+  return unsigned(blocks);
+}
+
+// Rows per grid for kernels that loop rows over gridDim.y (its limit is 65535).
+inline unsigned grid_rows(int rows) { return unsigned(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)); }
+
+}  // namespace piper::cuda

@@ -1,0 +1,108 @@
+// Elementwise work around the cuBLAS matmuls of linear layers: bias broadcast, fused bias + GELU-tanh,
+// GELU backward, and deterministic column sums over rows (bias gradients, reused by layernorm).
+#include "backend/cuda/cuda_common.hpp"
+#include "backend/cuda/cuda_launch.hpp"
+#include "backend/cuda/device_utils.cuh"
+
+namespace piper::cuda {
+
+namespace {
+
+constexpr int kColumnTile = 32;  // columns per block of the column-sum kernels
+constexpr int kRowLanes = 8;     // rows read in parallel per block
+
+// y(N,OC) = b: columns over x, rows grid-strided over y.
+__global__ void bias_fill_kernel(float* y, const float* b, int N, int OC) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const float bc = b[c];
+  for (int r = blockIdx.y; r < N; r += gridDim.y) y[int64_t(r) * OC + c] = bc;
+}
+
+// pre(N,OC) += b; y(N,OC) = gelu_tanh(pre)
+__global__ void bias_gelu_kernel(float* pre, float* y, const float* b, int N, int OC) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const float bc = b ? b[c] : 0.f;
+  for (int r = blockIdx.y; r < N; r += gridDim.y) {
+    const int64_t i = int64_t(r) * OC + c;
+    float p = pre[i];
+    if (b) {
+      p += bc;
+      pre[i] = p;
+    }
+    y[i] = gelu_tanh(p);
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dpre, const float* dy, const float* pre, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dpre[i] = dy[i] * gelu_tanh_grad(pre[i]);  // dpre may alias dy: read before write, same thread
+}
+
+// partial(chunk, C) = Σ over the chunk's rows of x(N,C). Block (32, 8): 32 columns, 8 row lanes.
+__global__ void column_partial_kernel(float* partial, const float* x, int N, int C, int rows_per_chunk) {
+  __shared__ float lanes[kRowLanes][kColumnTile + 1];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  const int r0 = blockIdx.y * rows_per_chunk;
+  const int r1 = min(N, r0 + rows_per_chunk);
+  float acc = 0.f;
+  if (c < C)
+    for (int r = r0 + int(threadIdx.y); r < r1; r += kRowLanes) acc += x[int64_t(r) * C + c];
+  lanes[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sum = 0.f;
+    for (int k = 0; k < kRowLanes; ++k) sum += lanes[k][threadIdx.x];
+    partial[int64_t(blockIdx.y) * C + c] = sum;
+  }
+}
+
+// out(C) (+)= Σ_k partial(k, C), k in order
+__global__ void column_finish_kernel(float* out, const float* partial, int chunks, int C, bool accumulate) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+    float sum = 0.f;
+    for (int k = 0; k < chunks; ++k) sum += partial[int64_t(k) * C + c];
+    out[c] = accumulate ? out[c] + sum : sum;
+  }
+}
+
+}  // namespace
+
+void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s) {
+  if (N <= 0 || OC <= 0) return;
+  dim3 grid((OC + 255) / 256, grid_rows(N));
+  bias_fill_kernel<<<grid, 256, 0, s>>>(y, b, N, OC);
+  CUDA_CHECK_LAUNCH();
+}
+
+void bias_gelu(float* pre, float* y, const float* b, int N, int OC, cudaStream_t s) {
+  if (N <= 0 || OC <= 0) return;
+  dim3 grid((OC + 255) / 256, grid_rows(N));
+  bias_gelu_kernel<<<grid, 256, 0, s>>>(pre, y, b, N, OC);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, pre, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void column_finish(float* out, const float* partial, int chunks, int C, bool accumulate, cudaStream_t s) {
+  if (C <= 0) return;
+  column_finish_kernel<<<grid_for(size_t(C), 256), 256, 0, s>>>(out, partial, chunks, C, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void column_sums(float* sum, const float* x, int N, int C, bool accumulate, float* partial, cudaStream_t s) {
+  if (C <= 0) return;
+  const int chunks = column_chunks(N);
+  const int rows_per_chunk = (N + chunks - 1) / chunks;
+  dim3 grid((C + kColumnTile - 1) / kColumnTile, chunks);
+  column_partial_kernel<<<grid, dim3(kColumnTile, kRowLanes), 0, s>>>(partial, x, N, C, rows_per_chunk);
+  CUDA_CHECK_LAUNCH();
+  column_finish(sum, partial, chunks, C, accumulate, s);
+}
+
+}  // namespace piper::cuda

@@ -1,0 +1,400 @@
+// CUDA backend against the CPU backend: every CudaKernels primitive on random inputs must match CpuKernels,
+// plus streams and a one-rank NCCL communicator. Without a GPU each test passes with a "skipped" warning.
+#ifdef PIPER_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cpu/cpu_kernels.hpp"
+
+using namespace piper;
+
+namespace {
+
+bool have_gpu() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  return count > 0;
+}
+
+#define SKIP_WITHOUT_GPU()                                         \
+  if (!have_gpu()) {                                               \
+    WARN("no CUDA device on this machine: CUDA test skipped");    \
+    return;                                                        \
+  }
+
+// Device memory of the backend, freed on scope exit.
+class DeviceArray {
+ public:
+  DeviceArray(Backend& be, size_t bytes) : be_(&be), bytes_(bytes ? bytes : 4), p_(be.allocate(bytes_)) {}
+  ~DeviceArray() {
+    if (p_) be_->release(p_, bytes_);
+  }
+  DeviceArray(DeviceArray&& o) noexcept : be_(o.be_), bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr; }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void* p() const { return p_; }
+  float* f() const { return static_cast<float*>(p_); }
+  int32_t* i() const { return static_cast<int32_t*>(p_); }
+  double* d() const { return static_cast<double*>(p_); }
+
+ private:
+  Backend* be_;
+  size_t bytes_;
+  void* p_;
+};
+
+template <typename T>
+DeviceArray to_device(Backend& be, const std::vector<T>& host) {
+  DeviceArray d(be, host.size() * sizeof(T));
+  if (!host.empty()) be.kernels().upload(d.p(), host.data(), host.size() * sizeof(T));
+  return d;
+}
+
+template <typename T>
+std::vector<T> to_host(Backend& be, const DeviceArray& d, size_t n) {
+  std::vector<T> host(n);
+  if (n) be.kernels().download(host.data(), d.p(), n * sizeof(T));
+  return host;
+}
+
+std::vector<float> uniform(std::mt19937& gen, size_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int32_t> tokens(std::mt19937& gen, size_t n, int hi) {
+  std::uniform_int_distribution<int32_t> dist(0, hi - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(gen);
+  return v;
+}
+
+// Largest error relative to max(|want|, 1% of max |want|): tiny elements are judged against the scale.
+void check_close(const std::vector<float>& got, const std::vector<float>& want, double rtol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double peak = 0;
+  for (float w : want) peak = std::max(peak, std::fabs(double(w)));
+  const double floor = std::max(peak * 1e-2, 1e-30);
+  double worst = 0;
+  size_t at = 0;
+  bool finite = true;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      finite = false;
+      at = i;
+      break;
+    }
+    double err = std::fabs(double(got[i]) - double(want[i])) / std::max(std::fabs(double(want[i])), floor);
+    if (err > worst) {
+      worst = err;
+      at = i;
+    }
+  }
+  std::ostringstream msg;
+  msg << what << ": worst relative error " << worst << " at " << at;
+  if (!got.empty()) msg << " (cuda " << got[at] << ", cpu " << want[at] << ")";
+  INFO(msg.str());
+  CHECK(finite);
+  CHECK(worst <= rtol);
+}
+
+void check_close(double got, double want, double rtol, const std::string& what) {
+  INFO(what << ": cuda " << got << ", cpu " << want);
+  CHECK(std::fabs(got - want) <= rtol * std::max(1.0, std::fabs(want)));
+}
+
+}  // namespace
+
+TEST_CASE("cuda: linear layers match the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(1);
+  for (int N : {37, 1000}) {
+    const int C = 48, OC = 70;
+    auto x = uniform(gen, size_t(N) * C), w = uniform(gen, size_t(OC) * C), b = uniform(gen, OC);
+    auto dy = uniform(gen, size_t(N) * OC), prior_dx = uniform(gen, size_t(N) * C);
+    auto prior_dw = uniform(gen, size_t(OC) * C), prior_db = uniform(gen, OC);
+    auto dx_ = to_device(*be, x), dw_ = to_device(*be, w), db_ = to_device(*be, b), ddy = to_device(*be, dy);
+    std::string shape = "N=" + std::to_string(N);
+
+    for (bool with_bias : {true, false}) {  // y(N,OC) = x · w^T (+ b)
+      DeviceArray y(*be, sizeof(float) * N * OC);
+      std::vector<float> want(size_t(N) * OC);
+      g.linear_forward(y.f(), dx_.f(), dw_.f(), with_bias ? db_.f() : nullptr, N, C, OC);
+      c.linear_forward(want.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
+      check_close(to_host<float>(*be, y, want.size()), want, 1e-4, "linear_forward " + shape);
+    }
+    {  // pre, y = gelu(x · w^T + b)
+      DeviceArray pre(*be, sizeof(float) * N * OC), y(*be, sizeof(float) * N * OC);
+      std::vector<float> want_pre(size_t(N) * OC), want_y(size_t(N) * OC);
+      g.linear_gelu_forward(pre.f(), y.f(), dx_.f(), dw_.f(), db_.f(), N, C, OC);
+      c.linear_gelu_forward(want_pre.data(), want_y.data(), x.data(), w.data(), b.data(), N, C, OC);
+      check_close(to_host<float>(*be, pre, want_pre.size()), want_pre, 1e-4, "linear_gelu_forward pre " + shape);
+      check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-4, "linear_gelu_forward y " + shape);
+    }
+    for (bool acc : {false, true}) {  // dx(N,C) (+)= dy · w
+      auto gdx = to_device(*be, prior_dx);
+      std::vector<float> want = prior_dx;
+      g.linear_backward_input(gdx.f(), ddy.f(), dw_.f(), N, C, OC, acc);
+      c.linear_backward_input(want.data(), dy.data(), w.data(), N, C, OC, acc);
+      check_close(to_host<float>(*be, gdx, want.size()), want, 1e-4, "linear_backward_input " + shape);
+    }
+    for (bool acc : {false, true}) {  // dw(OC,C) (+)= dy^T · x; db(OC) (+)= Σ dy
+      for (bool with_db : {true, false}) {
+        auto gdw = to_device(*be, prior_dw), gdb = to_device(*be, prior_db);
+        std::vector<float> want_dw = prior_dw, want_db = prior_db;
+        g.linear_backward_weight(gdw.f(), with_db ? gdb.f() : nullptr, ddy.f(), dx_.f(), N, C, OC, acc);
+        c.linear_backward_weight(want_dw.data(), with_db ? want_db.data() : nullptr, dy.data(), x.data(), N, C, OC,
+                                 acc);
+        check_close(to_host<float>(*be, gdw, want_dw.size()), want_dw, 1e-4, "linear_backward_weight dw " + shape);
+        check_close(to_host<float>(*be, gdb, want_db.size()), want_db, 1e-4, "linear_backward_weight db " + shape);
+      }
+    }
+    {  // dpre = dy * gelu'(pre), in place on dy
+      auto pre = uniform(gen, size_t(N) * OC, -4.f, 4.f);
+      auto gpre = to_device(*be, pre), gdy = to_device(*be, dy);
+      std::vector<float> want = dy;
+      g.gelu_backward(gdy.f(), gdy.f(), gpre.f(), pre.size());
+      c.gelu_backward(want.data(), want.data(), pre.data(), pre.size());
+      check_close(to_host<float>(*be, gdy, want.size()), want, 1e-4, "gelu_backward " + shape);
+    }
+  }
+}
+
+TEST_CASE("cuda: layernorm matches the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(2);
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{300, 1000}}) {
+    std::string shape = "N=" + std::to_string(N) + " C=" + std::to_string(C);
+    auto x = uniform(gen, size_t(N) * C, -2.f, 3.f), w = uniform(gen, C), b = uniform(gen, C);
+    auto dy = uniform(gen, size_t(N) * C), prior = uniform(gen, size_t(N) * C);
+    auto prior_w = uniform(gen, C), prior_b = uniform(gen, C);
+    auto gx = to_device(*be, x), gw = to_device(*be, w), gb = to_device(*be, b), gdy = to_device(*be, dy);
+    DeviceArray y(*be, sizeof(float) * N * C), mean(*be, sizeof(float) * N), rstd(*be, sizeof(float) * N);
+    std::vector<float> want_y(size_t(N) * C), want_mean(N), want_rstd(N);
+    g.layernorm_forward(y.f(), mean.f(), rstd.f(), gx.f(), gw.f(), gb.f(), N, C);
+    c.layernorm_forward(want_y.data(), want_mean.data(), want_rstd.data(), x.data(), w.data(), b.data(), N, C);
+    check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-4, "layernorm_forward y " + shape);
+    check_close(to_host<float>(*be, mean, N), want_mean, 1e-4, "layernorm_forward mean " + shape);
+    check_close(to_host<float>(*be, rstd, N), want_rstd, 1e-4, "layernorm_forward rstd " + shape);
+    // backward from the CPU statistics, so both sides differentiate the same point
+    auto gmean = to_device(*be, want_mean), grstd = to_device(*be, want_rstd);
+    for (bool acc : {false, true}) {
+      auto gdx = to_device(*be, prior);
+      std::vector<float> want = prior;
+      g.layernorm_backward_input(gdx.f(), gdy.f(), gx.f(), gmean.f(), grstd.f(), gw.f(), N, C, acc);
+      c.layernorm_backward_input(want.data(), dy.data(), x.data(), want_mean.data(), want_rstd.data(), w.data(), N, C,
+                                 acc);
+      check_close(to_host<float>(*be, gdx, want.size()), want, 1e-4, "layernorm_backward_input " + shape);
+
+      auto gdw = to_device(*be, prior_w), gdb = to_device(*be, prior_b);
+      std::vector<float> want_dw = prior_w, want_db = prior_b;
+      g.layernorm_backward_weight(gdw.f(), gdb.f(), gdy.f(), gx.f(), gmean.f(), grstd.f(), N, C, acc);
+      c.layernorm_backward_weight(want_dw.data(), want_db.data(), dy.data(), x.data(), want_mean.data(),
+                                  want_rstd.data(), N, C, acc);
+      check_close(to_host<float>(*be, gdw, C), want_dw, 1e-4, "layernorm_backward_weight dw " + shape);
+      check_close(to_host<float>(*be, gdb, C), want_db, 1e-4, "layernorm_backward_weight db " + shape);
+    }
+  }
+}
+
+TEST_CASE("cuda: causal attention matches the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(3);
+  const int B = 2, T = 33, C = 48, NH = 4;
+  auto qkv = uniform(gen, size_t(B) * T * 3 * C, -2.f, 2.f), dy = uniform(gen, size_t(B) * T * C);
+  auto gqkv = to_device(*be, qkv), gdy = to_device(*be, dy);
+  DeviceArray y(*be, sizeof(float) * B * T * C), att(*be, sizeof(float) * B * NH * T * T);
+  std::vector<float> want_y(size_t(B) * T * C), want_att(size_t(B) * NH * T * T);
+  g.attention_forward(y.f(), att.f(), gqkv.f(), B, T, C, NH);
+  c.attention_forward(want_y.data(), want_att.data(), qkv.data(), B, T, C, NH);
+  check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-3, "attention_forward y");
+  check_close(to_host<float>(*be, att, want_att.size()), want_att, 1e-3, "attention_forward att");
+
+  DeviceArray dqkv(*be, sizeof(float) * qkv.size());
+  DeviceArray scratch(*be, sizeof(float) * be->attention_scratch_floats(B, T, C, NH));
+  std::vector<float> want_dqkv(qkv.size()), cpu_scratch(c.attention_scratch_floats(B, T, C, NH));
+  g.attention_backward(dqkv.f(), gdy.f(), gqkv.f(), att.f(), scratch.f(), B, T, C, NH);
+  c.attention_backward(want_dqkv.data(), dy.data(), qkv.data(), want_att.data(), cpu_scratch.data(), B, T, C, NH);
+  check_close(to_host<float>(*be, dqkv, want_dqkv.size()), want_dqkv, 1e-3, "attention_backward dqkv");
+}
+
+TEST_CASE("cuda: embedding matches the CPU and is deterministic", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(4);
+  const int B = 3, T = 20, C = 40, V = 300;
+  auto tok = tokens(gen, size_t(B) * T, V);
+  for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 7;  // a frequent token: many rows scatter into one
+  auto wte = uniform(gen, size_t(V) * C), wpe = uniform(gen, size_t(T) * C), dx = uniform(gen, size_t(B) * T * C);
+  auto prior_wte = uniform(gen, wte.size()), prior_wpe = uniform(gen, wpe.size());
+  auto gtok = to_device(*be, tok), gwte = to_device(*be, wte), gwpe = to_device(*be, wpe), gdx = to_device(*be, dx);
+  DeviceArray x(*be, sizeof(float) * B * T * C);
+  std::vector<float> want_x(size_t(B) * T * C);
+  g.embedding_forward(x.f(), gtok.i(), gwte.f(), gwpe.f(), B, T, C);
+  c.embedding_forward(want_x.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  check_close(to_host<float>(*be, x, want_x.size()), want_x, 1e-6, "embedding_forward");
+  for (bool acc_wte : {false, true}) {
+    for (bool acc_wpe : {false, true}) {
+      auto dwte = to_device(*be, prior_wte), dwpe = to_device(*be, prior_wpe);
+      std::vector<float> want_wte = prior_wte, want_wpe = prior_wpe;
+      g.embedding_backward(dwte.f(), dwpe.f(), gdx.f(), gtok.i(), B, T, C, V, acc_wte, acc_wpe);
+      c.embedding_backward(want_wte.data(), want_wpe.data(), dx.data(), tok.data(), B, T, C, V, acc_wte, acc_wpe);
+      auto got_wte = to_host<float>(*be, dwte, want_wte.size());
+      check_close(got_wte, want_wte, 1e-5, "embedding_backward dwte");
+      check_close(to_host<float>(*be, dwpe, want_wpe.size()), want_wpe, 1e-5, "embedding_backward dwpe");
+      // the same call again gives the same bits
+      auto again = to_device(*be, prior_wte);
+      g.embedding_backward(again.f(), dwpe.f(), gdx.f(), gtok.i(), B, T, C, V, acc_wte, acc_wpe);
+      CHECK(to_host<float>(*be, again, want_wte.size()) == got_wte);
+    }
+  }
+}
+
+TEST_CASE("cuda: softmax cross-entropy matches the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(5);
+  for (auto [N, V] : {std::pair{50, 300}, std::pair{9, 5000}}) {
+    std::string shape = "N=" + std::to_string(N) + " V=" + std::to_string(V);
+    auto logits = uniform(gen, size_t(N) * V, -5.f, 5.f);
+    auto targets = tokens(gen, N, V);
+    const float scale = 0.37f;
+    auto gbuf = to_device(*be, logits), gt = to_device(*be, targets);
+    auto gloss = to_device(*be, std::vector<double>{0.5});
+    std::vector<float> want = logits;
+    double want_loss = 0.5;
+    g.softmax_xent_forward(gbuf.f(), gloss.d(), gbuf.f(), gt.i(), N, V, scale);  // in place
+    c.softmax_xent_forward(want.data(), &want_loss, want.data(), targets.data(), N, V, scale);
+    check_close(to_host<float>(*be, gbuf, want.size()), want, 1e-4, "softmax_xent_forward probs " + shape);
+    check_close(to_host<double>(*be, gloss, 1)[0], want_loss, 1e-5, "softmax_xent_forward loss " + shape);
+    g.softmax_xent_backward(gbuf.f(), gbuf.f(), gt.i(), N, V, scale);  // in place
+    c.softmax_xent_backward(want.data(), want.data(), targets.data(), N, V, scale);
+    check_close(to_host<float>(*be, gbuf, want.size()), want, 1e-4, "softmax_xent_backward " + shape);
+  }
+}
+
+TEST_CASE("cuda: elementwise, sum of squares and AdamW match the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(6);
+  const size_t n = 100003;
+  auto a = uniform(gen, n), b = uniform(gen, n);
+  auto ga = to_device(*be, a), gb = to_device(*be, b);
+  CHECK(to_host<float>(*be, ga, n) == a);  // upload/download round trip is exact
+  {
+    DeviceArray y(*be, sizeof(float) * n);
+    std::vector<float> want(n);
+    g.add(y.f(), ga.f(), gb.f(), n);
+    c.add(want.data(), a.data(), b.data(), n);
+    CHECK(to_host<float>(*be, y, n) == want);
+    g.accumulate(y.f(), ga.f(), n);
+    c.accumulate(want.data(), a.data(), n);
+    CHECK(to_host<float>(*be, y, n) == want);
+    g.fill(y.f(), 2.5f, n);
+    CHECK(to_host<float>(*be, y, n) == std::vector<float>(n, 2.5f));
+    g.copy(y.f(), gb.f(), sizeof(float) * n);
+    g.copy(y.f(), y.f(), sizeof(float) * n);  // to itself: nothing happens
+    CHECK(to_host<float>(*be, y, n) == b);
+    be->zero(y.f(), sizeof(float) * n);
+    CHECK(to_host<float>(*be, y, n) == std::vector<float>(n, 0.f));
+  }
+  {
+    auto acc = to_device(*be, std::vector<double>{1.25});
+    double want = 1.25;
+    g.sum_squares(acc.d(), ga.f(), n);
+    c.sum_squares(&want, a.data(), n);
+    double got = to_host<double>(*be, acc, 1)[0];
+    check_close(got, want, 1e-5, "sum_squares");
+    auto again = to_device(*be, std::vector<double>{1.25});
+    g.sum_squares(again.d(), ga.f(), n);
+    CHECK(to_host<double>(*be, again, 1)[0] == got);  // deterministic
+  }
+  {
+    auto m = uniform(gen, n, -0.1f, 0.1f), v = uniform(gen, n, 0.f, 0.01f);
+    auto gp = to_device(*be, a), gm = to_device(*be, m), gv = to_device(*be, v);
+    AdamWArgs args;
+    args.lr = 3e-3f;
+    args.weight_decay = 0.1f;
+    args.grad_scale = 0.7f;
+    args.step = 3;
+    std::vector<float> want_p = a, want_m = m, want_v = v;
+    g.adamw(gp.f(), gb.f(), gm.f(), gv.f(), n, args);
+    c.adamw(want_p.data(), b.data(), want_m.data(), want_v.data(), n, args);
+    check_close(to_host<float>(*be, gp, n), want_p, 1e-5, "adamw param");
+    check_close(to_host<float>(*be, gm, n), want_m, 1e-5, "adamw m");
+    check_close(to_host<float>(*be, gv, n), want_v, 1e-5, "adamw v");
+  }
+}
+
+TEST_CASE("cuda: streams and a one-rank NCCL communicator", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  auto stream = be->make_stream("compute");
+  be->bind(stream.get());
+  const size_t n = 1000;
+  auto host = std::vector<float>(n, 0.f);
+  for (size_t i = 0; i < n; ++i) host[i] = float(i);
+  auto buf = to_device(*be, host);
+  g.accumulate(buf.f(), buf.f(), n);  // 2i, on the bound stream
+  be->synchronize(stream.get());
+  std::vector<float> doubled(n);
+  for (size_t i = 0; i < n; ++i) doubled[i] = 2.f * float(i);
+  CHECK(to_host<float>(*be, buf, n) == doubled);
+
+  MPI_Comm self;
+  REQUIRE(MPI_Comm_dup(MPI_COMM_SELF, &self) == MPI_SUCCESS);
+  {
+    auto comm = be->make_communicator(self, MPI_COMM_SELF);
+    REQUIRE(comm->size() == 1);
+    REQUIRE(comm->rank() == 0);
+    auto wait = [](std::unique_ptr<CommHandle> h) {
+      while (!h->test()) {
+      }
+    };
+    wait(comm->all_reduce(buf.f(), n, stream.get()));  // one rank: unchanged
+    CHECK(to_host<float>(*be, buf, n) == doubled);
+    DeviceArray out(*be, sizeof(float) * n);
+    wait(comm->all_gather(buf.f(), out.f(), n, stream.get()));
+    CHECK(to_host<float>(*be, out, n) == doubled);
+    wait(comm->all_gather(nullptr, out.f(), n, stream.get()));  // in place
+    CHECK(to_host<float>(*be, out, n) == doubled);
+    be->zero(out.f(), sizeof(float) * n);
+    wait(comm->reduce_scatter(buf.f(), out.f(), n, stream.get()));
+    CHECK(to_host<float>(*be, out, n) == doubled);
+  }
+  be->bind(nullptr);
+}
+
+#endif  // PIPER_HAVE_CUDA
