@@ -9,6 +9,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -30,7 +31,12 @@ namespace piper {
 
 namespace {
 
-constexpr int kChannelIdTag = 0;  // MPI tag of the unique id a sender hands to its receiver
+// MPI tag of the unique id a sender hands to its receiver: the same on both ends for one stream name.
+int channel_tag(const std::string& stream) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : stream) h = (h ^ c) * 16777619u;
+  return int(h % 30000u);
+}
 
 cudaEvent_t new_event() {
   cudaEvent_t e = nullptr;
@@ -265,7 +271,10 @@ class NcclCommunicator final : public Communicator {
     PIPER_CHECK(peer != rank_, "point-to-point transfer of rank ", rank_, " with itself");
     if (count == 0) return std::make_unique<DoneHandle>();
     std::lock_guard<std::mutex> lock(mu_);
-    std::shared_ptr<Link> ch = channel(peer, sending);
+    // One channel per executor stream as well: the compiler proves first-in first-out order per
+    // (sender, receiver, stream), and transfers of two streams must not queue behind each other.
+    const auto* cs = dynamic_cast<const CudaStream*>(s);
+    std::shared_ptr<Link> ch = channel(peer, sending, cs ? cs->name() : std::string());
     auto op = new_op(s);
     op->send = sending;
     op->buf = buf;
@@ -275,9 +284,10 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclHandle>(op, ch, this);
   }
 
-  // The channel for transfers to (sending) or from `peer`; the sender makes the id and hands it over MPI.
-  std::shared_ptr<Link> channel(int peer, bool sending) {
-    std::shared_ptr<Link>& ch = channels_[{peer, sending}];
+  // The channel for transfers to (sending) or from `peer` on one stream; the sender makes the id and hands
+  // it over MPI, tagged by the stream's name so that the two ends of each channel find each other.
+  std::shared_ptr<Link> channel(int peer, bool sending, const std::string& stream) {
+    std::shared_ptr<Link>& ch = channels_[{peer, sending, stream}];
     if (ch) return ch;
     ch = std::make_shared<Link>();
     ch->nranks = 2;
@@ -286,11 +296,11 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
     if (sending) {
       NCCL_CHECK(ncclGetUniqueId(&ch->id));
-      MPI_CHECK(MPI_Isend(&ch->id, int(sizeof(ch->id)), MPI_BYTE, peer, kChannelIdTag, comm_, &ch->id_send));
+      MPI_CHECK(MPI_Isend(&ch->id, int(sizeof(ch->id)), MPI_BYTE, peer, channel_tag(stream), comm_, &ch->id_send));
       ch->id_known = true;
       start_init(ch);
     } else {
-      MPI_CHECK(MPI_Irecv(&ch->id, int(sizeof(ch->id)), MPI_BYTE, peer, kChannelIdTag, comm_, &ch->id_recv));
+      MPI_CHECK(MPI_Irecv(&ch->id, int(sizeof(ch->id)), MPI_BYTE, peer, channel_tag(stream), comm_, &ch->id_recv));
     }
     return ch;
   }
@@ -327,7 +337,8 @@ class NcclCommunicator final : public Communicator {
         if (ch.init.joinable()) ch.init.join();
         if (ch.init_result != ncclSuccess)
           throw SystemError(cat("setting up the NCCL channel ", ch.rank == 0 ? "to" : "from", " rank ",
-                                entry.first.first, " failed: ", ncclGetErrorString(ch.init_result)));
+                                std::get<0>(entry.first), " (", std::get<2>(entry.first), ") failed: ",
+                                ncclGetErrorString(ch.init_result)));
         ch.ready = true;
       }
       while (!ch.waiting.empty()) {
@@ -351,7 +362,7 @@ class NcclCommunicator final : public Communicator {
   int size_ = 1, rank_ = 0;
   std::vector<int> to_local_;
   std::shared_ptr<Link> group_;                                   // collectives
-  std::map<std::pair<int, bool>, std::shared_ptr<Link>> channels_;  // (peer, sending) → channel
+  std::map<std::tuple<int, bool, std::string>, std::shared_ptr<Link>> channels_;  // (peer, sending, stream)
   std::mutex mu_;
 };
 
