@@ -50,4 +50,8 @@ if [ -e /run/slurm-local.munged-started ]; then    # a munged that was already r
   stop /run/munge/munged.pid munged || status=1
   rm -f /run/slurm-local.munged-started
 fi
+if [ -e /run/slurm-local.mounts ]; then             # what slurm-local-up.sh mounted for slurmd, innermost last
+  for m in $(tac /run/slurm-local.mounts); do umount "$m" 2>/dev/null || status=1; done
+  rm -f /run/slurm-local.mounts
+fi
 exit $status

@@ -83,6 +83,22 @@ if [ ! -s /etc/munge/munge.key ]; then
 fi
 install -d -o munge -g munge -m 0755 /run/munge
 install -d -o munge -g munge -m 0700 /var/lib/munge /var/log/munge
+# slurmd reads the CPU topology from sysfs and initializes its cgroup plugin from /sys/fs/cgroup; a bare
+# chroot has neither. Mount them the way the host has them (hybrid v1 with the named systemd hierarchy,
+# or unified v2), and remember what was mounted so that slurm-local-down.sh can undo it.
+if [ ! -d /sys/devices/system/cpu ]; then
+  log "mounting sysfs and cgroups under /sys (slurmd needs the CPU topology and a cgroup hierarchy)"
+  mount -t sysfs sysfs /sys || die "sysfs is not mounted and cannot be mounted; slurmd cannot start"
+  echo /sys > /run/slurm-local.mounts
+  if grep -q ' /sys/fs/cgroup/systemd .* cgroup ' /proc/1/mountinfo 2>/dev/null; then
+    mount -t tmpfs cgroup_root /sys/fs/cgroup && echo /sys/fs/cgroup >> /run/slurm-local.mounts
+    mkdir -p /sys/fs/cgroup/systemd
+    mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd &&
+      echo /sys/fs/cgroup/systemd >> /run/slurm-local.mounts
+  elif grep -q ' /sys/fs/cgroup .* cgroup2 ' /proc/1/mountinfo 2>/dev/null; then
+    mount -t cgroup2 cgroup2 /sys/fs/cgroup && echo /sys/fs/cgroup >> /run/slurm-local.mounts
+  fi
+fi
 install -d -m 0755 /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
 
 # 3. slurm.conf for this host; rewritten only when its content changes. --------------------------
