@@ -18,8 +18,9 @@ class Kernels {
 
   // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null.
   virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) = 0;
-  // pre(N,OC) = x · w^T + b; y(N,OC) = gelu_tanh(pre). Fused: one pass over pre.
-  virtual void linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N,
+  // y(N,OC) = gelu_tanh(x · w^T + b); dgelu(N,OC) = gelu_tanh'(x · w^T + b), kept for the backward.
+  // Fused: one pass after the matmul computes both from one tanh.
+  virtual void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
                                    int C, int OC) = 0;
   // dx(N,C) (+)= dy(N,OC) · w(OC,C)
   virtual void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
@@ -27,8 +28,8 @@ class Kernels {
   // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null.
   virtual void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
                                       bool accumulate) = 0;
-  // dpre(n) = dy(n) * gelu_tanh'(pre(n)); dpre may alias dy.
-  virtual void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) = 0;
+  // dpre(n) = dy(n) * dgelu(n), the derivative saved by linear_gelu_forward; dpre may alias dy.
+  virtual void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) = 0;
 
   // y(N,C) = (x - mean) * rstd * w + b; mean(N), rstd(N) kept for backward.
   virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,

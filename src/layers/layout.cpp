@@ -16,7 +16,7 @@ BlockStash::BlockStash(int64_t n, int64_t C, int64_t F, int64_t B, int64_t NH, i
   ln2 = take(n * C);
   ln2_mean = take(n);
   ln2_rstd = take(n);
-  fc_pre = take(n * F);
+  fc_dgelu = take(n * F);  // gelu'(fc pre-activation), for the backward
   fc_gelu = take(n * F);
   total = o;
 }
@@ -66,7 +66,7 @@ SegmentSizes segment_sizes(const Segment& seg, const ModelDims& d, int samples) 
       int64_t in = seg.layer == 0 ? d.d_in : d.d_hidden;
       s.out_bytes = size_t(b * d.d_hidden) * f;
       s.input_bytes = seg.layer == 0 ? 0 : size_t(b * in) * f;
-      // layer 0 keeps its input samples; every layer keeps its pre-activation
+      // layer 0 keeps its input samples; every layer keeps gelu' of its pre-activation
       s.stash_bytes = size_t((seg.layer == 0 ? b * in : 0) + b * d.d_hidden) * f;
       s.wstash_bytes = size_t(b * d.d_hidden) * f;  // d(pre)
       s.workspace_bytes = s.wstash_bytes;

@@ -22,7 +22,7 @@ SegmentSizes segment_sizes(const Segment& seg, const ModelDims& d, int samples);
 
 // Offsets (in floats from the start of the stash) of each saved tensor of a block; n = samples·T rows.
 struct BlockStash {
-  size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, xmid, ln2, ln2_mean, ln2_rstd, fc_pre, fc_gelu, total;
+  size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, xmid, ln2, ln2_mean, ln2_rstd, fc_dgelu, fc_gelu, total;
   BlockStash(int64_t n, int64_t C, int64_t F, int64_t B, int64_t NH, int64_t T);
 };
 

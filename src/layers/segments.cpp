@@ -37,7 +37,7 @@ void block_forward(Kernels& k, const ModelDims& d, const SegmentIO& io) {
   k.linear_forward(io.out, S + st.atty, w[4], w[5], n, C, C);                                    // (n,C)
   k.add(S + st.xmid, io.in, io.out, size_t(n) * C);                                              // residual
   k.layernorm_forward(S + st.ln2, S + st.ln2_mean, S + st.ln2_rstd, S + st.xmid, w[6], w[7], n, C);
-  k.linear_gelu_forward(S + st.fc_pre, S + st.fc_gelu, S + st.ln2, w[8], w[9], n, C, F);          // (n,F)
+  k.linear_gelu_forward(S + st.fc_dgelu, S + st.fc_gelu, S + st.ln2, w[8], w[9], n, C, F);        // (n,F)
   k.linear_forward(io.out, S + st.fc_gelu, w[10], w[11], n, F, C);                               // (n,C)
   k.accumulate(io.out, S + st.xmid, size_t(n) * C);                                              // residual
 }
@@ -52,7 +52,7 @@ void block_backward_input(Kernels& k, const ModelDims& d, const SegmentIO& io) {
   const float* const* w = io.w;
   float* datty = io.workspace;  // (n,C)
   k.linear_backward_input(W + ws.dfc_pre, io.dout, w[10], n, F, C, false);             // d gelu out (n,F)
-  k.gelu_backward(W + ws.dfc_pre, W + ws.dfc_pre, S + st.fc_pre, size_t(n) * F);        // d fc pre (n,F)
+  k.gelu_backward(W + ws.dfc_pre, W + ws.dfc_pre, S + st.fc_dgelu, size_t(n) * F);      // d fc pre (n,F)
   k.linear_backward_input(W + ws.dln2, W + ws.dfc_pre, w[8], n, C, F, false);           // d ln2 out (n,C)
   k.copy(W + ws.dxmid, io.dout, sizeof(float) * size_t(n) * C);                         // residual path
   k.layernorm_backward_input(W + ws.dxmid, W + ws.dln2, S + st.xmid, S + st.ln2_mean, S + st.ln2_rstd, w[6], n, C,
@@ -117,27 +117,27 @@ void head_backward_weight(Kernels& k, const ModelDims& d, const SegmentIO& io) {
   k.layernorm_backward_weight(io.g[0], io.g[1], io.wstash, io.in, st.mean, st.rstd, n, C, acc(io, 0));
 }
 
-// ---- MLP layer: y = gelu(x W^T + b). Stash: [features(b,d_in) for layer 0] | pre(b,H)
+// ---- MLP layer: y = gelu(x W^T + b). Stash: [features(b,d_in) for layer 0] | gelu'(pre)(b,H)
 struct MlpStash {
   const float* x;
-  float* pre;
+  float* dgelu;
   int in_dim;
   MlpStash(const Segment& seg, const ModelDims& d, const SegmentIO& io) {
     float* s = static_cast<float*>(io.stash);
     in_dim = seg.layer == 0 ? d.d_in : d.d_hidden;
     x = seg.layer == 0 ? s : io.in;
-    pre = seg.layer == 0 ? s + int64_t(io.samples) * d.d_in : s;
+    dgelu = seg.layer == 0 ? s + int64_t(io.samples) * d.d_in : s;
   }
 };
 
 void mlp_forward(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
   MlpStash st(seg, d, io);
-  k.linear_gelu_forward(st.pre, io.out, st.x, io.w[0], io.w[1], io.samples, st.in_dim, d.d_hidden);
+  k.linear_gelu_forward(st.dgelu, io.out, st.x, io.w[0], io.w[1], io.samples, st.in_dim, d.d_hidden);
 }
 
 void mlp_backward_input(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
   MlpStash st(seg, d, io);
-  k.gelu_backward(io.wstash, io.dout, st.pre, size_t(io.samples) * d.d_hidden);  // d pre (b,H)
+  k.gelu_backward(io.wstash, io.dout, st.dgelu, size_t(io.samples) * d.d_hidden);  // d pre (b,H)
   if (io.din) k.linear_backward_input(io.din, io.wstash, io.w[0], io.samples, st.in_dim, d.d_hidden, false);
 }
 

@@ -142,12 +142,12 @@ TEST_CASE("cuda: linear layers match the CPU", "[cuda]") {
       c.linear_forward(want.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
       check_close(to_host<float>(*be, y, want.size()), want, 1e-4, "linear_forward " + shape);
     }
-    {  // pre, y = gelu(x · w^T + b)
-      DeviceArray pre(*be, sizeof(float) * N * OC), y(*be, sizeof(float) * N * OC);
-      std::vector<float> want_pre(size_t(N) * OC), want_y(size_t(N) * OC);
-      g.linear_gelu_forward(pre.f(), y.f(), dx_.f(), dw_.f(), db_.f(), N, C, OC);
-      c.linear_gelu_forward(want_pre.data(), want_y.data(), x.data(), w.data(), b.data(), N, C, OC);
-      check_close(to_host<float>(*be, pre, want_pre.size()), want_pre, 1e-4, "linear_gelu_forward pre " + shape);
+    {  // y = gelu(x · w^T + b), dgelu = gelu'(x · w^T + b)
+      DeviceArray dgelu(*be, sizeof(float) * N * OC), y(*be, sizeof(float) * N * OC);
+      std::vector<float> want_dgelu(size_t(N) * OC), want_y(size_t(N) * OC);
+      g.linear_gelu_forward(dgelu.f(), y.f(), dx_.f(), dw_.f(), db_.f(), N, C, OC);
+      c.linear_gelu_forward(want_dgelu.data(), want_y.data(), x.data(), w.data(), b.data(), N, C, OC);
+      check_close(to_host<float>(*be, dgelu, want_dgelu.size()), want_dgelu, 1e-4, "linear_gelu_forward dgelu " + shape);
       check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-4, "linear_gelu_forward y " + shape);
     }
     for (bool acc : {false, true}) {  // dx(N,C) (+)= dy · w
@@ -168,8 +168,8 @@ TEST_CASE("cuda: linear layers match the CPU", "[cuda]") {
         check_close(to_host<float>(*be, gdb, want_db.size()), want_db, 1e-4, "linear_backward_weight db " + shape);
       }
     }
-    {  // dpre = dy * gelu'(pre), in place on dy
-      auto pre = uniform(gen, size_t(N) * OC, -4.f, 4.f);
+    {  // dpre = dy * dgelu, in place on dy
+      auto pre = uniform(gen, size_t(N) * OC, 0.f, 1.1f);  // a saved derivative lies in about [-0.13, 1.13]
       auto gpre = to_device(*be, pre), gdy = to_device(*be, dy);
       std::vector<float> want = dy;
       g.gelu_backward(gdy.f(), gdy.f(), gpre.f(), pre.size());

@@ -55,13 +55,16 @@ TEST_CASE("linear_forward and linear_gelu_forward match a double reference", "[k
 
     for (bool bias : {true, false}) {
       INFO("bias " << bias);
-      std::vector<float> pre(N * OC, 9.f), g(N * OC, 9.f);
-      k.linear_gelu_forward(pre.data(), g.data(), x.data(), w.data(), bias ? b.data() : nullptr, N, C, OC);
+      std::vector<float> dg(N * OC, 9.f), g(N * OC, 9.f);
+      k.linear_gelu_forward(dg.data(), g.data(), x.data(), w.data(), bias ? b.data() : nullptr, N, C, OC);
       auto ref = linear_ref(x, w, bias ? b.data() : no_bias, N, C, OC);
-      std::vector<double> ref_g(ref.size());
-      for (size_t i = 0; i < ref.size(); ++i) ref_g[i] = gelu_ref(ref[i]);
-      CHECK_CLOSE(pre, ref, kAtol, kRtol, "linear_gelu pre");
+      std::vector<double> ref_g(ref.size()), ref_dg(ref.size());
+      for (size_t i = 0; i < ref.size(); ++i) {
+        ref_g[i] = gelu_ref(ref[i]);
+        ref_dg[i] = gelu_grad_ref(ref[i]);
+      }
       CHECK_CLOSE(g, ref_g, kAtol, kRtol, "linear_gelu out");
+      CHECK_CLOSE(dg, ref_dg, 4e-6, kRtol, "linear_gelu derivative");
     }
   }
 }
@@ -90,14 +93,17 @@ TEST_CASE("linear kernels on shapes that are split across threads match a double
     for (int threads : {1, 2}) {
       INFO("N " << N << " C " << C << " OC " << OC << " threads " << threads);
       CpuKernels k(threads);
-      std::vector<float> y(size_t(N) * OC), pre(size_t(N) * OC), g(size_t(N) * OC);
+      std::vector<float> y(size_t(N) * OC), dg(size_t(N) * OC), g(size_t(N) * OC);
       k.linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
       CHECK_CLOSE(y, y_ref, 1e-4, 1e-4, "linear_forward");
-      k.linear_gelu_forward(pre.data(), g.data(), x.data(), w.data(), b.data(), N, C, OC);
-      std::vector<double> g_ref(y_ref.size());
-      for (size_t i = 0; i < g_ref.size(); ++i) g_ref[i] = gelu_ref(y_ref[i]);
-      CHECK_CLOSE(pre, y_ref, 1e-4, 1e-4, "linear_gelu pre");
+      k.linear_gelu_forward(dg.data(), g.data(), x.data(), w.data(), b.data(), N, C, OC);
+      std::vector<double> g_ref(y_ref.size()), dg_ref(y_ref.size());
+      for (size_t i = 0; i < g_ref.size(); ++i) {
+        g_ref[i] = gelu_ref(y_ref[i]);
+        dg_ref[i] = gelu_grad_ref(y_ref[i]);
+      }
       CHECK_CLOSE(g, g_ref, 1e-4, 1e-4, "linear_gelu out");
+      CHECK_CLOSE(dg, dg_ref, 1e-4, 1e-4, "linear_gelu derivative");
 
       std::vector<float> dx = prev_dx, dw = prev_dw, db = prev_db;
       k.linear_backward_input(dx.data(), dy.data(), w.data(), N, C, OC, false);
@@ -153,52 +159,55 @@ TEST_CASE("linear backward matches finite differences, accumulate adds and overw
   }
 }
 
-TEST_CASE("gelu_backward matches the analytic derivative and finite differences, also in place", "[kernels]") {
+TEST_CASE("the saved GELU derivative matches the analytic one and finite differences, and gelu_backward applies it",
+          "[kernels]") {
   for (int threads : {1, 2}) {
     INFO("threads " << threads);
     CpuKernels k(threads);
     Rand rng(31);
-    // Direct check of the derivative (dy = 1) on a grid over [-12, 12], one size split across threads.
-    // Within |x| <= 3 the fp32 tanh-GELU derivative is good to ~5e-7; in the tails 1 - tanh^2 cancels in
-    // fp32 (as in any fp32 implementation of this formula) and the absolute error grows to ~2.5e-6.
+    // Direct check of gelu and gelu' on a grid over [-12, 12]: a 1x1 "linear" with weight 1 passes x
+    // through. Within |x| <= 3 the fp32 tanh-GELU derivative is good to ~5e-7; in the tails 1 - tanh^2
+    // cancels in fp32 (as in any fp32 implementation of this formula) and the error grows to ~2.5e-6.
     for (size_t n : {size_t(241), size_t(40000)}) {
       INFO("n " << n);
-      std::vector<float> pre(n), ones(n, 1.f);
-      std::vector<double> ref_center, ref_tail;
+      std::vector<float> grid(n), one(1, 1.f);
+      for (size_t i = 0; i < n; ++i) grid[i] = float(-12.0 + 24.0 * double(i) / double(n - 1));
+      std::vector<float> out(n, 5.f), deriv(n, 5.f);
+      k.linear_gelu_forward(deriv.data(), out.data(), grid.data(), one.data(), nullptr, int(n), 1, 1);
+      std::vector<double> ref_center, ref_tail, ref_out;
       std::vector<float> got_center, got_tail;
-      for (size_t i = 0; i < n; ++i) pre[i] = float(-12.0 + 24.0 * double(i) / double(n - 1));
-      std::vector<float> out(n, 5.f);
-      k.gelu_backward(out.data(), ones.data(), pre.data(), n);
       for (size_t i = 0; i < n; ++i) {
-        bool center = std::fabs(pre[i]) <= 3.f;
-        (center ? ref_center : ref_tail).push_back(gelu_grad_ref(pre[i]));
-        (center ? got_center : got_tail).push_back(out[i]);
+        bool center = std::fabs(grid[i]) <= 3.f;
+        (center ? ref_center : ref_tail).push_back(gelu_grad_ref(grid[i]));
+        (center ? got_center : got_tail).push_back(deriv[i]);
+        ref_out.push_back(gelu_ref(grid[i]));
       }
       CHECK_CLOSE(got_center, ref_center, 1e-6, 0.0, "gelu'(x), |x| <= 3");
       CHECK_CLOSE(got_tail, ref_tail, 4e-6, 0.0, "gelu'(x), |x| > 3");
-      // A general dy scales the derivative; dpre may alias dy.
+      CHECK_CLOSE(out, ref_out, 2e-6, 1e-6, "gelu(x)");
+      // gelu_backward multiplies dy by the saved derivative; dpre may alias dy.
       auto dy = rng.normal(n);
       std::vector<float> scaled(n);
-      k.gelu_backward(scaled.data(), dy.data(), pre.data(), n);
+      k.gelu_backward(scaled.data(), dy.data(), deriv.data(), n);
       std::vector<double> expected(n);
-      for (size_t i = 0; i < n; ++i) expected[i] = double(dy[i]) * double(out[i]);
+      for (size_t i = 0; i < n; ++i) expected[i] = double(dy[i]) * double(deriv[i]);
       CHECK_CLOSE(scaled, expected, 1e-12, 1e-6, "dy * gelu'(x)");
       std::vector<float> inplace = dy;
-      k.gelu_backward(inplace.data(), inplace.data(), pre.data(), n);
+      k.gelu_backward(inplace.data(), inplace.data(), deriv.data(), n);
       CHECK(bitwise_equal(inplace, scaled));
     }
     // Chain rule through the fused linear+GELU forward: L = Σ w_out·gelu(x wᵀ + b).
     const int N = 4, C = 8, OC = 10;
     auto x = rng.normal(N * C), w = rng.normal(OC * C, 0.5), b = rng.normal(OC, 0.5), wout = rng.normal(N * OC);
-    std::vector<float> pre(N * OC), y(N * OC);
+    std::vector<float> dg(N * OC), y(N * OC);
     auto L = [&] {
-      k.linear_gelu_forward(pre.data(), y.data(), x.data(), w.data(), b.data(), N, C, OC);
+      k.linear_gelu_forward(dg.data(), y.data(), x.data(), w.data(), b.data(), N, C, OC);
       return dot(wout, y.data(), y.size());
     };
     auto num_x = numeric_grad(x, kEps, L), num_w = numeric_grad(w, kEps, L), num_b = numeric_grad(b, kEps, L);
     L();
     std::vector<float> dpre(N * OC), dx(N * C), dw(OC * C), db(OC);
-    k.gelu_backward(dpre.data(), wout.data(), pre.data(), dpre.size());
+    k.gelu_backward(dpre.data(), wout.data(), dg.data(), dpre.size());
     k.linear_backward_input(dx.data(), dpre.data(), w.data(), N, C, OC, false);
     k.linear_backward_weight(dw.data(), db.data(), dpre.data(), x.data(), N, C, OC, false);
     CHECK(grad_error(dx, num_x, kFloor) < kGradTol);

@@ -82,23 +82,23 @@ void CpuKernels::linear_forward(float* y, const float* x, const float* w, const 
   sgemm_parallel(false, true, N, OC, C, 1.f, x, C, w, C, b ? 1.f : 0.f, y, OC, threads_);
 }
 
-void CpuKernels::linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N,
+void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
                                      int C, int OC) {
-  // Each thread multiplies its block of rows, then applies GELU while the block is still in cache.
+  // Each thread multiplies its block of rows into y, then turns it into gelu and gelu' in one pass
+  // while the block is still in cache.
   int nt = (double(N) * OC * C < 2e6) ? 1 : threads_;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int t = 0; t < nt; ++t) {
     int r0 = int(int64_t(N) * t / nt), r1 = int(int64_t(N) * (t + 1) / nt);
     if (r1 <= r0) continue;
-    float* p = pre + int64_t(r0) * OC;
     float* __restrict out = y + int64_t(r0) * OC;
+    float* __restrict d = dgelu + int64_t(r0) * OC;
     if (b)
-      for (int r = r0; r < r1; ++r) std::memcpy(pre + int64_t(r) * OC, b, sizeof(float) * OC);
+      for (int r = r0; r < r1; ++r) std::memcpy(y + int64_t(r) * OC, b, sizeof(float) * OC);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.f, x + int64_t(r0) * C, C, w, C,
-                b ? 1.f : 0.f, p, OC);
-    const float* __restrict in = p;
+                b ? 1.f : 0.f, out, OC);
     size_t n = size_t(r1 - r0) * OC;
-    for (size_t i = 0; i < n; ++i) out[i] = vec::gelu(in[i]);
+    for (size_t i = 0; i < n; ++i) vec::gelu_and_grad(out[i], out[i], d[i]);
   }
 }
 
@@ -122,12 +122,12 @@ void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, c
   });
 }
 
-void CpuKernels::gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) {
+void CpuKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
   for_range(n, threads_, [&](size_t b, size_t e) {
     float* out = dpre;  // may alias dy: each element is read before it is written
     const float* g = dy;
-    const float* __restrict x = pre;
-    for (size_t i = b; i < e; ++i) out[i] = g[i] * vec::gelu_grad(x[i]);
+    const float* __restrict d = dgelu;
+    for (size_t i = b; i < e; ++i) out[i] = g[i] * d[i];
   });
 }
 

@@ -11,13 +11,13 @@ class CpuKernels final : public Kernels {
   int threads() const { return threads_; }
 
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
-  void linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N, int C,
+  void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
                            int OC) override;
   void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
                              bool accumulate) override;
   void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
                               bool accumulate) override;
-  void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) override;
+  void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) override;
   void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override;
   void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,

@@ -45,6 +45,15 @@ inline float gelu(float x) {
   return 0.5f * x * (1.0f + t);
 }
 
+// gelu(x) and gelu'(x) from one tanh; x is read before g is written, so x and g may be the same variable.
+inline void gelu_and_grad(float x, float& g, float& d) {
+  float x2 = x * x;
+  float t = tanh_approx(kGeluScale * (x + kGeluCubic * x2 * x));
+  float dt = kGeluScale * (1.0f + 3.0f * kGeluCubic * x2) * (1.0f - t * t);
+  d = 0.5f * (1.0f + t) + 0.5f * x * dt;
+  g = 0.5f * x * (1.0f + t);
+}
+
 inline float gelu_grad(float x) {
   float x2 = x * x;
   float t = tanh_approx(kGeluScale * (x + kGeluCubic * x2 * x));

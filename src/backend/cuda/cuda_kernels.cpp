@@ -47,11 +47,11 @@ void CudaKernels::linear_forward(float* y, const float* x, const float* w, const
   gemm(t.stream.blas(), false, true, N, OC, C, 1.f, x, C, w, C, b ? 1.f : 0.f, y, OC);  // y += x · w^T
 }
 
-void CudaKernels::linear_gelu_forward(float* pre, float* y, const float* x, const float* w, const float* b, int N,
+void CudaKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
                                       int C, int OC) {
   Target t = target();
-  gemm(t.stream.blas(), false, true, N, OC, C, 1.f, x, C, w, C, 0.f, pre, OC);  // pre(N,OC) = x · w^T
-  cuda::bias_gelu(pre, y, b, N, OC, t.stream.stream());                         // pre += b; y = gelu(pre)
+  gemm(t.stream.blas(), false, true, N, OC, C, 1.f, x, C, w, C, 0.f, y, OC);  // y(N,OC) = x · w^T
+  cuda::bias_gelu(dgelu, y, b, N, OC, t.stream.stream());                     // y = gelu(y + b), dgelu = gelu'
 }
 
 void CudaKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
@@ -71,9 +71,9 @@ void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, 
   cuda::column_sums(db, dy, N, OC, accumulate, partial, t.stream.stream());  // db(OC) (+)= Σ_rows dy
 }
 
-void CudaKernels::gelu_backward(float* dpre, const float* dy, const float* pre, size_t n) {
+void CudaKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
   Target t = target();
-  cuda::gelu_backward(dpre, dy, pre, n, t.stream.stream());
+  cuda::gelu_backward(dpre, dy, dgelu, n, t.stream.stream());
 }
 
 void CudaKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,

@@ -13,10 +13,10 @@ namespace piper::cuda {
 // ---- linear_kernels.cu ----
 // y(N,OC) = b broadcast over rows
 void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s);
-// pre(N,OC) += b (b may be null); y(N,OC) = gelu_tanh(pre)
-void bias_gelu(float* pre, float* y, const float* b, int N, int OC, cudaStream_t s);
-// dpre(n) = dy(n) * gelu_tanh'(pre(n)); dpre may alias dy
-void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n, cudaStream_t s);
+// p = y(N,OC) + b (b may be null); y = gelu_tanh(p); dgelu(N,OC) = gelu_tanh'(p)
+void bias_gelu(float* dgelu, float* y, const float* b, int N, int OC, cudaStream_t s);
+// dpre(n) = dy(n) * dgelu(n); dpre may alias dy
+void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s);
 
 // Column sums over rows are done in two deterministic stages: partial sums of row chunks, then the sum
 // of the chunks in fixed order. column_chunks(N) chunks of C floats make one partial buffer.

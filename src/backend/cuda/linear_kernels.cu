@@ -19,25 +19,22 @@ __global__ void bias_fill_kernel(float* y, const float* b, int N, int OC) {
   for (int r = blockIdx.y; r < N; r += gridDim.y) y[int64_t(r) * OC + c] = bc;
 }
 
-// pre(N,OC) += b; y(N,OC) = gelu_tanh(pre)
-__global__ void bias_gelu_kernel(float* pre, float* y, const float* b, int N, int OC) {
+// p = y(N,OC) + b; y = gelu_tanh(p); dgelu(N,OC) = gelu_tanh'(p)
+__global__ void bias_gelu_kernel(float* dgelu, float* y, const float* b, int N, int OC) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= OC) return;
   const float bc = b ? b[c] : 0.f;
   for (int r = blockIdx.y; r < N; r += gridDim.y) {
     const int64_t i = int64_t(r) * OC + c;
-    float p = pre[i];
-    if (b) {
-      p += bc;
-      pre[i] = p;
-    }
+    const float p = y[i] + bc;
+    dgelu[i] = gelu_tanh_grad(p);
     y[i] = gelu_tanh(p);
   }
 }
 
-__global__ void gelu_backward_kernel(float* dpre, const float* dy, const float* pre, size_t n) {
+__global__ void gelu_backward_kernel(float* dpre, const float* dy, const float* dgelu, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dpre[i] = dy[i] * gelu_tanh_grad(pre[i]);  // dpre may alias dy: read before write, same thread
+    dpre[i] = dy[i] * dgelu[i];  // dpre may alias dy: read before write, same thread
 }
 
 // partial(chunk, C) = Σ over the chunk's rows of x(N,C). Block (32, 8): 32 columns, 8 row lanes.
@@ -76,16 +73,16 @@ void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-void bias_gelu(float* pre, float* y, const float* b, int N, int OC, cudaStream_t s) {
+void bias_gelu(float* dgelu, float* y, const float* b, int N, int OC, cudaStream_t s) {
   if (N <= 0 || OC <= 0) return;
   dim3 grid((OC + 255) / 256, grid_rows(N));
-  bias_gelu_kernel<<<grid, 256, 0, s>>>(pre, y, b, N, OC);
+  bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu, y, b, N, OC);
   CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward(float* dpre, const float* dy, const float* pre, size_t n, cudaStream_t s) {
+void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, pre, n);
+  gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, dgelu, n);
   CUDA_CHECK_LAUNCH();
 }
 
