@@ -1,7 +1,10 @@
 // Rank 0 compiles, every rank receives its plan (see launch.hpp).
 #include "app/launch.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "compile/compile.hpp"
@@ -18,6 +21,23 @@ void print_error(const std::string& what) {
   std::fflush(stderr);
 }
 
+namespace {
+
+// Can `path` (a directory, or a file's folder) be created or written? Checked without writing anything:
+// the nearest existing ancestor must be a writable directory.
+std::string unwritable_reason(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
+  if (p.empty()) return "no existing parent folder";
+  if (!fs::is_directory(p, ec)) return cat("'", p.string(), "' is not a folder");
+  if (access(p.c_str(), W_OK) != 0) return cat("'", p.string(), "' is not writable");
+  return "";
+}
+
+}  // namespace
+
 JobSpec load_and_check(const CliOptions& opts, int world) {
   JobSpec spec = load_job(opts.config, opts.overrides);
   expand_mesh(spec, world);
@@ -29,6 +49,22 @@ JobSpec load_and_check(const CliOptions& opts, int world) {
     d.seq_len = spec.model.seq_len;
     d.batch = spec.data.batch;
     validate_data(d);
+  }
+  if (!spec.checkpoint.dir.empty()) {
+    std::string why = unwritable_reason(spec.checkpoint.dir);
+    if (!why.empty())
+      throw UserError(cat(spec.path, ": checkpoint.dir = \"", spec.checkpoint.dir, "\" cannot be written: ", why));
+  }
+  if (!opts.metrics.empty()) {
+    std::string why = unwritable_reason(std::filesystem::path(opts.metrics).parent_path().empty()
+                                            ? std::filesystem::path(".")
+                                            : std::filesystem::path(opts.metrics).parent_path());
+    if (!why.empty()) throw UserError(cat("--metrics ", opts.metrics, ": cannot be written: ", why));
+  }
+  if (!opts.trace.empty()) {
+    std::filesystem::path parent = std::filesystem::path(opts.trace).parent_path();
+    std::string why = unwritable_reason(parent.empty() ? std::filesystem::path(".") : parent);
+    if (!why.empty()) throw UserError(cat("--trace ", opts.trace, ": cannot be written: ", why));
   }
   return spec;
 }
@@ -46,6 +82,14 @@ Plan launch(const CliOptions& opts, MPI_Comm world) {
       JobSpec spec = load_and_check(opts, size);
       CompileResult result;
       compile_job(spec, size, result);
+      // The job is valid: make its checkpoint folder now, so an unusable one stops it before training.
+      if (!spec.checkpoint.dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(spec.checkpoint.dir, ec);
+        if (ec || !std::filesystem::is_directory(spec.checkpoint.dir))
+          throw UserError(cat(spec.path, ": checkpoint.dir = \"", spec.checkpoint.dir, "\" cannot be created: ",
+                              ec ? ec.message() : std::string("not a folder")));
+      }
       set_of = rank_sets(result.graph);
       for (const auto& b : result.bodies) {
         bodies.push_back(serialize_plan(b));
