@@ -61,7 +61,7 @@ def main():
                     "--set", "model.n_heads=3")
     expect_rejected(d, "unknown CLI option", 1, base, ["command line", "unrecognised option '--stepz'"], "--stepz", "3")
     expect_rejected(d, "missing data", 2, base.replace("fortunes.txt", "missing.txt"), ["data.path", "no readable file"])
-    expect_rejected(d, "unusable checkpoint folder", 2, base, ["checkpoint.dir = \"/proc/piper-test\"", "cannot be"],
+    expect_rejected(d, "unusable checkpoint folder", 1, base, ["checkpoint.dir = \"/proc/piper-test\"", "cannot be"],
                     "--set", 'checkpoint.dir="/proc/piper-test"')
 
     # ---- strategies rejected before launch ----
