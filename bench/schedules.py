@@ -11,6 +11,8 @@ import re
 import statistics
 import subprocess
 import sys
+
+from bench_common import ROOT, mpi_env, piper_path
 import tempfile
 
 
@@ -34,10 +36,9 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    piper = os.path.abspath(os.path.join(a.build, "piper"))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader")
+    piper = piper_path(a.build)
+    root = ROOT
+    env = mpi_env()
     kinds = ["gpipe", "1f1b", "zb-h1", "dualpipev"]
     results = {k: [] for k in kinds}
     tmp = tempfile.mkdtemp(prefix="piper-bench-")

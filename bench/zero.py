@@ -18,6 +18,8 @@ import re
 import subprocess
 import sys
 
+from bench_common import ROOT, mpi_env, piper_path
+
 V, T, C, F, L = 256, 128, 256, 1024, 4
 
 
@@ -52,10 +54,9 @@ def main():
     ap.add_argument("build", nargs="?", default="build")
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args()
-    piper = os.path.abspath(os.path.join(a.build, "piper"))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader")
+    piper = piper_path(a.build)
+    root = ROOT
+    env = mpi_env()
     print("== ZeRO 0-3 (quickstart GPT, 1 thread per rank, mean of steps 2..%d) ==" % a.steps)
     print(f"{'layout':>9} {'zero':>4} {'step ms':>8} {'coll MB/rank':>13} {'theory MB':>10} {'p2p MB':>7} "
           f"{'peak MiB (est)':>16} {'held MiB':>9} {'hidden':>7}")

@@ -6,29 +6,8 @@ set -uo pipefail
 
 log() { echo "[slurm-local-down] $*" >&2; }
 
-# running PID NAME: true when PID is a live (not zombie) process whose command is NAME.
-running() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ $stat =~ ^[0-9]+\ \((.*)\)\ ([A-Za-z]) ]] || return 1
-  [ "${BASH_REMATCH[2]}" != Z ] && [ "${BASH_REMATCH[1]}" = "$2" ]
-}
-alive() { [ -s "$1" ] && running "$(cat "$1")" "$2"; }
-# stop PIDFILE NAME: SIGTERM, wait up to 10 s, then SIGKILL; only ever the recorded PID.
-# Fails when the process is still there afterwards.
-stop() {
-  local pid
-  if ! alive "$1" "$2"; then rm -f "$1"; return 0; fi
-  pid=$(cat "$1")
-  log "stopping $2 (pid $pid)"
-  kill "$pid" 2>/dev/null
-  for _ in $(seq 100); do running "$pid" "$2" || { rm -f "$1"; return 0; }; sleep 0.1; done
-  log "$2 (pid $pid) ignored SIGTERM; sending SIGKILL"
-  kill -9 "$pid" 2>/dev/null
-  for _ in $(seq 50); do running "$pid" "$2" || { rm -f "$1"; return 0; }; sleep 0.1; done
-  log "error: $2 (pid $pid) is still running"
-  return 1
-}
+# shellcheck source=tools/slurm-local-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-local-lib.sh"
 
 if [ "$(id -u)" -ne 0 ]; then log "error: must run as root (try: sudo $0)"; exit 1; fi
 

@@ -23,26 +23,8 @@ PACKAGES=(munge slurmctld slurmd slurm-client)
 log() { echo "[slurm-local-up] $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# running PID NAME: true when PID is a live (not zombie) process whose command is NAME.
-# Zombies count as gone: some init processes reap orphans only every few seconds.
-running() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ $stat =~ ^[0-9]+\ \((.*)\)\ ([A-Za-z]) ]] || return 1
-  [ "${BASH_REMATCH[2]}" != Z ] && [ "${BASH_REMATCH[1]}" = "$2" ]
-}
-# alive PIDFILE NAME: the daemon recorded in PIDFILE is running.
-alive() { [ -s "$1" ] && running "$(cat "$1")" "$2"; }
-# stop PIDFILE NAME: SIGTERM, wait up to 10 s, then SIGKILL; only ever the recorded PID.
-stop() {
-  local pid
-  if ! alive "$1" "$2"; then rm -f "$1"; return 0; fi
-  pid=$(cat "$1")
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do running "$pid" "$2" || { rm -f "$1"; return 0; }; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$1"
-}
+# shellcheck source=tools/slurm-local-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-local-lib.sh"
 munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (try: sudo $0)"

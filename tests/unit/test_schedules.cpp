@@ -41,6 +41,17 @@ Outcome simulate(const std::string& text, int world) {
 
 int identity(int s) { return s; }
 
+// The message of the UserError `fn` throws, or "" when it throws none.
+template <typename Fn>
+std::string user_error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("GPipe and 1F1B bubbles are (p-1)/(m+p-1) in the uniform model", "[schedules]") {
@@ -85,14 +96,7 @@ TEST_CASE("interleaved 1F1B and DualPipeV bubbles are below 1F1B's", "[schedules
 }
 
 TEST_CASE("schedule generators reject layouts they cannot run", "[schedules]") {
-  auto error_of = [](const std::string& text, int world) {
-    try {
-      simulate(text, world);
-    } catch (const UserError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto error_of = [](const std::string& text, int world) { return user_error_of([&] { simulate(text, world); }); };
   CHECK(error_of(pipeline_job("dualpipev", 4, 2, [](int s) { return s < 2 ? s : 3 - s; }), 2)
             .find("needs at least 2 × 2 = 4 microbatches") != std::string::npos);
   CHECK(error_of(pipeline_job("dualpipev", 4, 4, [](int s) { return s % 2; }), 2).find("needs the V layout") !=
@@ -107,12 +111,7 @@ TEST_CASE("crossed microbatches on neighbouring ranks are rejected before launch
   std::string text = pipeline_job("", 2, 2, identity);
   text += "[[directive]]\nop = \"order\"\nfilters = [[{PP = 0, MB = 0, PASS = \"F\"}], [{PP = 0, MB = 1, PASS = \"F\"}]]\n";
   text += "[[directive]]\nop = \"order\"\nfilters = [[{PP = 1, MB = 1, PASS = \"F\"}], [{PP = 1, MB = 0, PASS = \"F\"}]]\n";
-  std::string e;
-  try {
-    simulate(text, 2);
-  } catch (const UserError& err) {
-    e = err.what();
-  }
+  std::string e = user_error_of([&] { simulate(text, 2); });
   INFO(e);
   CHECK(e.find("rank 0 -> rank 1") != std::string::npos);
   CHECK(e.find("SEND act1.mb0") != std::string::npos);
@@ -126,12 +125,7 @@ TEST_CASE("an order cycle across ranks names the nodes, ranks and directive", "[
   text += "[[directive]]\nop = \"order\"\nfilters = [[{PP = 0, MB = 0, PASS = \"F\"}], [{PP = 0, MB = 0, PASS = \"B\"}], "
           "[{PP = 0, MB = 1, PASS = \"F\"}]]\n";
   text += "[[directive]]\nop = \"order\"\nfilters = [[{PP = 1, MB = 1, PASS = \"F\"}], [{PP = 1, MB = 0, PASS = \"B\"}]]\n";
-  std::string e;
-  try {
-    simulate(text, 2);
-  } catch (const UserError& err) {
-    e = err.what();
-  }
+  std::string e = user_error_of([&] { simulate(text, 2); });
   INFO(e);
   CHECK(e.find("cycle") != std::string::npos);
   CHECK(e.find("on rank 0") != std::string::npos);
@@ -166,12 +160,7 @@ TEST_CASE("a mismatched collective order is rejected", "[verify]") {
   extra.op = Op::AllGather;
   extra.waits.clear();
   p.instrs.insert(tie, extra);
-  std::string e;
-  try {
-    simulate_plans(r.bodies, r.cost, {});
-  } catch (const UserError& err) {
-    e = err.what();
-  }
+  std::string e = user_error_of([&] { simulate_plans(r.bodies, r.cost, {}); });
   INFO(e);
   CHECK(e.find("issue collectives in different orders") != std::string::npos);
   CHECK(e.find("rank 0") != std::string::npos);
@@ -187,12 +176,7 @@ TEST_CASE("a wait-for cycle between plans is reported as a deadlock", "[verify]"
   auto send = std::find_if(p.instrs.begin(), p.instrs.end(), [](const Instr& in) { return in.op == Op::Send; });
   REQUIRE(send != p.instrs.end());
   send->waits.push_back(int32_t(p.instrs.size() - 1));
-  std::string e;
-  try {
-    simulate_plans(r.bodies, r.cost, {});
-  } catch (const UserError& err) {
-    e = err.what();
-  }
+  std::string e = user_error_of([&] { simulate_plans(r.bodies, r.cost, {}); });
   INFO(e);
   CHECK(e.find("deadlock") != std::string::npos);
   CHECK(e.find("never starts") != std::string::npos);
