@@ -373,6 +373,12 @@ TEST_CASE("cuda: streams and a one-rank NCCL communicator", "[cuda]") {
   for (size_t i = 0; i < n; ++i) doubled[i] = 2.f * float(i);
   CHECK(to_host<float>(*be, buf, n) == doubled);
 
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {  // started on first use (see tests/unit/main.cpp), finished by main
+    int provided = 0;
+    REQUIRE(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS);
+  }
   MPI_Comm self;
   REQUIRE(MPI_Comm_dup(MPI_COMM_SELF, &self) == MPI_SUCCESS);
   {
