@@ -112,9 +112,9 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
           break;
         }
       }
-    if (ok)
-      std::printf("replicas: %d copies of %zu parameters on other ranks are bit-identical to the first holder's\n",
-                  compared, first.size());
+    if (ok && compared > 0)
+      std::printf("replicas: %d copies of parameters on other ranks are bit-identical to the first holder's\n",
+                  compared);
   }
   MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, world));
   return ok != 0;
