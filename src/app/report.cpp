@@ -1,6 +1,7 @@
 // End-of-run reports (see report.hpp).
 #include "app/report.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -82,15 +83,33 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  // (model parameter, hash) of every parameter this rank holds in full
+  // Sharded buckets are gathered here, the way every replica assembles them before use, so that their
+  // full copies can be compared too. The replicas of a set gather together.
+  MPI_Comm set_comm;
+  MPI_CHECK(MPI_Comm_split(world, plan.set, plan.replica, &set_comm));
+  std::vector<std::vector<float>> gathered(plan.buckets.size());
+  std::vector<float> shard;
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const PlanBucket& pb = plan.buckets[b];
+    if (!pb.shard_params) continue;
+    const int64_t count = pb.padded / pb.group_size;
+    shard.resize(size_t(count));
+    k.download(shard.data(), ex.bucket_ptr(pb.param_shard_buf, 0), size_t(count) * sizeof(float));
+    gathered[b].resize(size_t(pb.padded));
+    MPI_CHECK(MPI_Allgather(shard.data(), int(count), MPI_FLOAT, gathered[b].data(), int(count), MPI_FLOAT, set_comm));
+  }
+  MPI_Comm_free(&set_comm);
+  // (model parameter, hash) of every parameter this rank holds or has just gathered in full
   std::vector<uint64_t> mine;
   std::vector<float> host;
   for (const auto& pp : plan.plan_params) {
     const PlanBucket& pb = plan.buckets[size_t(pp.bucket)];
-    if (pb.shard_params) continue;  // one copy of each element exists: nothing to compare
     const int64_t n = plan.params[size_t(pp.model_param)].numel;
     host.resize(size_t(n));
-    k.download(host.data(), ex.bucket_ptr(pb.param_buf, pp.offset), size_t(n) * sizeof(float));
+    if (pb.shard_params)
+      std::copy_n(gathered[size_t(pp.bucket)].begin() + pp.offset, n, host.begin());
+    else
+      k.download(host.data(), ex.bucket_ptr(pb.param_buf, pp.offset), size_t(n) * sizeof(float));
     mine.push_back(uint64_t(pp.model_param));
     mine.push_back(fnv1a(host.data(), host.size() * sizeof(float)));
   }

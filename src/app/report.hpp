@@ -11,7 +11,7 @@ namespace piper {
 void report_memory(Executor& ex, MPI_Comm world);
 
 // Collective. Returns false (and rank 0 prints which parameter differs between which ranks) when copies
-// of a parameter disagree.
+// of a parameter disagree. Sharded parameters are compared as the replicas gather them.
 bool check_replicas(Executor& ex, MPI_Comm world);
 
 }  // namespace piper
