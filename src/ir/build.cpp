@@ -61,19 +61,15 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
   const int R = int(g.regions.size());
   std::vector<int> fwd(static_cast<size_t>(R)), bwd(static_cast<size_t>(R)), upd(static_cast<size_t>(R));
   for (const auto& r : g.regions) {
-    double flops = 0;
-    for (int s = r.seg_begin; s < r.seg_end; ++s) flops += model.segments[size_t(s)].fwd_flops_per_sample;
     Node f;
     f.kind = NodeKind::F;
     f.tags = r.tags;
     f.region = r.id;
     f.mb = 0;  // one microbatch until a split makes more
     f.tags["MB"] = 0;
-    f.flops = flops * spec.data.batch;
     fwd[size_t(r.id)] = g.add_node(f);
     Node b = f;
     b.kind = NodeKind::B;
-    b.flops = 2 * f.flops;
     bwd[size_t(r.id)] = g.add_node(b);
     Node u;
     u.kind = NodeKind::UPDATE;
@@ -85,7 +81,6 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
   sync.kind = NodeKind::ALL_REDUCE;
   sync.purpose = CommPurpose::StepSync;
   sync.tensor.kind = TensorRef::Kind::Scalars;
-  sync.bytes = 2 * sizeof(double);
   int sync_id = g.add_node(sync);
 
   for (int r = 0; r < R; ++r) {

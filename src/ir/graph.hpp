@@ -15,7 +15,7 @@ enum class NodeKind : uint8_t {
   F, B, BI, BW,   // compute per region × microbatch
   UPDATE,         // optimizer step of a region's parameters (or its shard)
   SEND, RECV,     // point-to-point between device sets
-  ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL,
+  ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER,
 };
 const char* node_kind_name(NodeKind k);
 bool is_compute(NodeKind k);
@@ -52,8 +52,6 @@ struct Node {
   std::vector<int> tie_buckets;  // TiedGradient: the bucket on each of those sets
   int gather_for = -1;   // a parameter gather issued just before this compute node uses the bucket
   TensorRef tensor;      // what a SEND/RECV/collective carries
-  double flops = 0;      // per node, for the cost model
-  int64_t bytes = 0;     // bytes moved, for the cost model
   int source_directive = -1;  // the directive that created it, for messages
   bool removed = false;
   std::string label() const;  // "F[PP=1,MB=3]"

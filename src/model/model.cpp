@@ -120,12 +120,6 @@ int64_t Model::n_params() const {
   return n;
 }
 
-int Model::layer_segment(int layer) const {
-  for (size_t i = 0; i < segments.size(); ++i)
-    if (segments[i].layer == layer) return int(i);
-  return -1;
-}
-
 float init_value(const ParamSpec& p, uint64_t seed, int64_t index) {
   switch (p.init) {
     case InitKind::Zeros: return 0.f;

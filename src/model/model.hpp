@@ -46,7 +46,6 @@ struct Model {
   std::vector<ParamSpec> params;
   std::vector<Segment> segments;
   int64_t n_params() const;           // distinct parameters (tied counted once)
-  int layer_segment(int layer) const;  // segment index of a user layer
 };
 
 // Value of element `index` of parameter `p` for this seed: the same on every rank and strategy.

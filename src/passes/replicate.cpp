@@ -68,7 +68,6 @@ void insert_replication(Graph& g) {
     c.stream = r.dp_stream;
     c.purpose = CommPurpose::Gradient;
     c.bucket = int(b);
-    c.bytes = g.buckets[b].numel * int64_t(sizeof(float));
     c.source_directive = r.replicate_directive;
     c.tensor = {TensorRef::Kind::Grads, int(b), -1};
     if (r.zero <= 1) {

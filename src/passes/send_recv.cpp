@@ -8,19 +8,6 @@
 
 namespace piper {
 
-namespace {
-
-int64_t tensor_bytes(const Graph& g, const TensorRef& t) {
-  (void)t;  // every boundary carries one activation matrix: rows × width
-  const Model& m = *g.model;
-  int64_t rows = int64_t(g.samples_per_microbatch) * m.dims.rows_per_sample();
-  int64_t width = m.dims.is_gpt() ? m.dims.d_model : m.dims.d_hidden;
-  return rows * width * int64_t(sizeof(float));
-}
-
-
-}  // namespace
-
 void insert_send_recv(Graph& g) {
   // One transfer per (producer, tensor, receiving set): several consumers there share its RECV.
   std::map<std::tuple<int, int, int, int, int>, int> received;
@@ -48,7 +35,6 @@ void insert_send_recv(Graph& g) {
     // Forward activations and backward gradients travel on separate channels (streams), each in FIFO order.
     send.stream = e.tensor.kind == TensorRef::Kind::Act ? "p2p.fwd" : "p2p.bwd";
     send.tensor = e.tensor;
-    send.bytes = tensor_bytes(g, e.tensor);
     Node recv = send;
     recv.kind = NodeKind::RECV;
     recv.tags = to.tags;

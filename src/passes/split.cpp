@@ -27,7 +27,6 @@ void apply_split(Graph& g, const Directive& d) {
       Node c = base;
       c.tags["MB"] = m;
       c.mb = m;
-      c.flops = base.flops / count;
       c.source_directive = d.index;
       copies[i].push_back(g.add_node(c));
     }

@@ -51,8 +51,6 @@ void apply_split_backward(Graph& g, const std::vector<Directive>& orders) {
     Node bi = b, bw = b;
     bi.kind = NodeKind::BI;
     bw.kind = NodeKind::BW;
-    bi.flops = b.flops / 2;
-    bw.flops = b.flops / 2;
     b.removed = true;
     int bi_id = g.add_node(bi);
     int bw_id = g.add_node(bw);

@@ -45,7 +45,6 @@ void insert_tied_sync(Graph& g) {
     t.tie_sets = {rh.device_set, rc.device_set};
     t.tie_buckets = {home, int(k)};
     t.bucket = home;
-    t.bytes = copy.numel * int64_t(sizeof(float));
     t.tensor = {TensorRef::Kind::Grads, home, -1};
     int id = g.add_node(t);
     for (int f : finalizers(g, home, sync)) g.add_edge(f, id, EdgeKind::Data, t.tensor);

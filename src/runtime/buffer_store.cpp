@@ -31,7 +31,6 @@ void* BufferStore::take(uint64_t bytes, BufferKind kind) {
   if (it != cache_.end()) {
     p = it->second;
     cache_.erase(it);
-    stats_.cached -= bytes;
   } else {
     p = backend_.allocate(bytes);
   }
@@ -47,7 +46,6 @@ void BufferStore::give(void* p, uint64_t bytes, BufferKind kind) {
   stats_.live_by_kind[int(kind)] -= bytes;
   stats_.live_total -= bytes;
   cache_.emplace(bytes, p);
-  stats_.cached += bytes;
 }
 
 void* BufferStore::acquire(int32_t id) {
@@ -96,12 +94,6 @@ void BufferStore::resize(int32_t id, uint64_t bytes) {
 MemoryStats BufferStore::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
-}
-
-void BufferStore::reset_peaks() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (int k = 0; k < kBufferKinds; ++k) stats_.peak_by_kind[k] = stats_.live_by_kind[k];
-  stats_.peak_total = stats_.live_total;
 }
 
 }  // namespace piper

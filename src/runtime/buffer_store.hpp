@@ -17,7 +17,6 @@ struct MemoryStats {
   uint64_t live_by_kind[kBufferKinds] = {0};
   uint64_t peak_by_kind[kBufferKinds] = {0};
   uint64_t live_total = 0, peak_total = 0;
-  uint64_t cached = 0;  // released blocks kept for reuse
 };
 
 class BufferStore {
@@ -37,7 +36,6 @@ class BufferStore {
   // Resizes a persistent buffer (backend-sized scratch); contents are not kept.
   void resize(int32_t id, uint64_t bytes);
   MemoryStats stats();
-  void reset_peaks();
 
  private:
   void* take(uint64_t bytes, BufferKind kind);

@@ -48,7 +48,6 @@ class Executor {
   // Timing: every instruction's start and end are recorded (cheap); after a step, its events can be
   // taken (for a trace file) and its times are summarized. The origin is set by set_time_origin.
   void set_time_origin(double t0) { t0_ = t0; }
-  double time_origin() const { return t0_; }
   std::vector<TraceEvent> take_events();
   const StepTimes& last_step_times() const { return last_times_; }
   std::vector<int> group_sizes() const;
