@@ -10,12 +10,9 @@ namespace piper::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-__device__ inline double warp_sum(double v) {
+// Sum over the warp (float or double); every lane gets the result.
+template <typename T>
+__device__ inline T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
 }
@@ -25,24 +22,16 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
-// Sum over the block; every thread gets the result. blockDim.x is a multiple of 32; `shared` holds 32.
-__device__ inline float block_sum(float v, float* shared) {
+// Sum over the block (float or double); every thread gets the result. blockDim.x is a multiple of 32;
+// `shared` holds 32.
+template <typename T>
+__device__ inline T block_sum(T v, T* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   v = warp_sum(v);
   __syncthreads();  // `shared` may still be read by a previous reduction
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  v = lane < warps ? shared[lane] : 0.f;
-  return warp_sum(v);
-}
-
-__device__ inline double block_sum(double v, double* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0;
+  v = lane < warps ? shared[lane] : T(0);
   return warp_sum(v);
 }
 
