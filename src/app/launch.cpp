@@ -10,6 +10,7 @@
 #include "compile/compile.hpp"
 #include "config/load.hpp"
 #include "data/data.hpp"
+#include "model/family.hpp"
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
@@ -41,7 +42,7 @@ std::string unwritable_reason(const std::filesystem::path& dir) {
 JobSpec load_and_check(const CliOptions& opts, int world) {
   JobSpec spec = load_job(opts.config, opts.overrides);
   expand_mesh(spec, world);
-  if (spec.model.kind == "gpt") {
+  if (find_family(spec.model.kind)->reads_tokens) {
     DataConfig d;
     d.kind = DataConfig::Kind::Tokens;
     d.path = spec.data.path;

@@ -99,7 +99,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int64_t timed_steps = 0;
   std::vector<TraceEvent> trace;
   const int64_t trace_first = start + 1, trace_last = start + 10;  // ten steps after a warm-up step
-  const double tokens_per_step = double(plan.data.batch) * plan.dims.rows_per_sample();
+  const double tokens_per_step = double(plan.data.batch) * plan.dims.rows_per_sample;
   // model FLOPs of one step: forward + backward (2x forward) of every segment for the global batch
   double flops_per_step = 0;
   for (const auto& seg : plan.segments) flops_per_step += 3.0 * seg.fwd_flops_per_sample * plan.data.batch;

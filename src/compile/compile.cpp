@@ -25,7 +25,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.optimizer = spec.optimizer;
   const Model& m = *g.model;
   DataConfig& d = p.data;
-  d.kind = m.dims.is_gpt() ? DataConfig::Kind::Tokens : DataConfig::Kind::Synthetic;
+  d.kind = m.reads_tokens ? DataConfig::Kind::Tokens : DataConfig::Kind::Synthetic;
   d.path = spec.data.path;
   d.vocab = spec.model.vocab;
   d.seq_len = spec.model.seq_len;

@@ -9,8 +9,7 @@
 #include "compile/compile.hpp"
 #include "compile/finalize.hpp"
 #include "compile/sequence.hpp"
-#include "layers/layout.hpp"
-#include "layers/segments.hpp"
+#include "model/segment_type.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -219,8 +218,7 @@ class Lowerer {
 
   // ---------------------------------------------------------------- activations
   int64_t act_elems() const {
-    int64_t rows = int64_t(b_) * m_.dims.rows_per_sample();
-    return rows * (m_.dims.is_gpt() ? m_.dims.d_model : m_.dims.d_hidden);
+    return int64_t(b_) * m_.dims.rows_per_sample * m_.dims.act_width;
   }
   int act_buf(int boundary, int mb) {
     return keyed_buffer('A', boundary, mb, uint64_t(act_elems()) * sizeof(float), BufferKind::Activation,
@@ -240,28 +238,28 @@ class Lowerer {
   }
 
   void make_workspace() {
-    uint64_t ws = 0;
-    bool attention = false;
+    uint64_t ws = 0, scratch = 0;
+    bool needs_scratch = false;
+    const int threads = std::max(1, spec_.job.threads);
     for (const auto& r : g_.regions) {
       if (r.device_set != set_) continue;
       for (int s = r.seg_begin; s < r.seg_end; ++s) {
         const Segment& seg = m_.segments[size_t(s)];
         ws = std::max<uint64_t>(ws, segment_sizes(seg, m_.dims, b_).workspace_bytes);
-        attention |= seg.kind == SegmentKind::Block;
+        if (seg.type->scratch_floats) {
+          needs_scratch = true;
+          if (seg.type->scratch_estimate) scratch = std::max(scratch, seg.type->scratch_estimate(m_.dims, b_, threads));
+        }
       }
     }
     p_.workspace_buf = new_buffer(std::max<uint64_t>(ws, 4), BufferKind::Workspace, true, "workspace");
-    if (attention) {
-      // The backend sizes the attention scratch at run time; this is the estimate for one thread.
-      uint64_t t = uint64_t(m_.dims.seq_len);
-      uint64_t threads = uint64_t(std::max(1, spec_.job.threads));
-      p_.attn_scratch_buf = new_buffer(threads * t * t * sizeof(float), BufferKind::Workspace, true, "attention_scratch");
-    }
+    // The backend sizes the scratch at run time; this is the estimate.
+    if (needs_scratch) p_.scratch_buf = new_buffer(std::max<uint64_t>(scratch, 4), BufferKind::Workspace, true, "scratch");
   }
 
   // ---------------------------------------------------------------- compute
-  bool reads_data(const Segment& s) const { return data_slot(s) == DataSlot::Tokens || data_slot(s) == DataSlot::Features; }
-  bool is_head(const Segment& s) const { return s.kind == SegmentKind::Head || s.kind == SegmentKind::MlpHead; }
+  bool reads_data(const Segment& s) const { return !s.type->reads_input; }
+  bool is_head(const Segment& s) const { return s.type->computes_loss; }
 
   void plan_segment_ops(const std::vector<int>& sequence) {
     for (const auto& n : g_.nodes)
@@ -376,7 +374,7 @@ class Lowerer {
     in.stream = uint8_t(stream_id("compute"));
     in.samples = b_;
     in.sample_offset = mb * b_;
-    in.loss_scale = float(1.0 / (double(g_.global_batch) * m_.dims.rows_per_sample()));
+    in.loss_scale = float(1.0 / (double(g_.global_batch) * m_.dims.rows_per_sample));
     const bool input = !reads_data(seg);
     in.stash = stash_buf(op.segment, mb);
     if (input) in.in = act_buf(op.segment, mb);
@@ -404,7 +402,7 @@ class Lowerer {
       if (writes_grads) {
         int gbuf = grad_target(gb, mb);
         in.gbuf.push_back(gbuf);
-        if (grad_written_.insert({gbuf, params[i]}).second) in.overwrite |= 1u << i;
+        in.overwrite.push_back(grad_written_.insert({gbuf, params[i]}).second ? 1 : 0);
         // At most one microbatch's full gradients per bucket: the next one is written only after the
         // previous one has been reduce-scattered.
         auto prev = last_reduce_scatter_.find(gb);
@@ -413,6 +411,7 @@ class Lowerer {
           in.waits.push_back(prev->second);
       } else {
         in.gbuf.push_back(-1);
+        in.overwrite.push_back(0);
       }
     }
     last_compute_ = int32_t(p_.instrs.size());

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model.hpp"
 #include "plan/optimizer_config.hpp"
 
 namespace piper {
@@ -41,23 +42,13 @@ struct JobSection {
   int64_t log_every = 1;
 };
 
-struct ModelSpec {
-  std::string kind = "gpt";  // gpt | mlp
-  // gpt
-  int vocab = 256;
-  int seq_len = 128;
-  int d_model = 256;
-  int n_layers = 4;
-  int n_heads = 8;
-  int d_ff = 1024;
-  // mlp
-  int d_in = 32;
-  int d_hidden = 64;
-  int n_classes = 8;
+// [model]: the family (model.kind) and the hyperparameters it reads (model/model.hpp lists them all).
+struct ModelSpec : ModelDims {
+  std::string kind = "gpt";  // a registered family: gpt | qwen3 | mlp
 };
 
 struct DataSpec {
-  std::string path;               // raw bytes, or .bin of uint16 tokens; empty for synthetic (mlp)
+  std::string path;               // a token file; empty for families trained on a synthetic task
   int batch = 16;                 // global batch, sequences (or samples) per step
   std::string sampler = "random";  // random | sequential
 };
@@ -85,6 +76,9 @@ struct MeshSpec {
 struct Annotation {
   std::string tag;
   std::vector<std::pair<int, int>> layers;  // inclusive ranges, one per tag value 0,1,...
+  // or inclusive ranges of segment names ("model.layers.3.mlp"), which may cut inside a layer
+  std::vector<std::pair<std::string, std::string>> segments;
+  int values() const { return int(layers.empty() ? segments.size() : layers.size()); }
   int index = 0;
   SourceLoc loc;
 };

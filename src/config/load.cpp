@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "config/toml_reader.hpp"
+#include "model/family.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -124,23 +125,8 @@ void load_job_section(TomlReader& r, JobSection& j) {
 }
 
 void load_model(TomlReader& r, ModelSpec& m) {
-  m.kind = r.get_string("kind", m.kind, {"gpt", "mlp"});
-  if (m.kind == "gpt") {
-    m.vocab = int(r.get_int("vocab", m.vocab, 2, 65536));
-    m.seq_len = int(r.get_int("seq_len", m.seq_len, 1, 1 << 20));
-    m.d_model = int(r.get_int("d_model", m.d_model, 1, 1 << 20));
-    m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
-    m.n_heads = int(r.get_int("n_heads", m.n_heads, 1, 1 << 16));
-    m.d_ff = int(r.get_int("d_ff", 4 * m.d_model, 1, 1 << 22));
-    if (m.d_model % m.n_heads != 0)
-      r.error_msg(r.has("n_heads") ? "n_heads" : "d_model",
-                  cat("n_heads (", m.n_heads, ") must divide d_model (", m.d_model, ")"));
-  } else {
-    m.d_in = int(r.get_int("d_in", m.d_in, 1, 1 << 20));
-    m.d_hidden = int(r.get_int("d_hidden", m.d_hidden, 1, 1 << 20));
-    m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
-    m.n_classes = int(r.get_int("n_classes", m.n_classes, 2, 1 << 20));
-  }
+  m.kind = r.get_string("kind", m.kind, family_kinds());
+  find_family(m.kind)->read_keys(r, m);
   r.finish();
 }
 
@@ -149,16 +135,17 @@ void load_data(TomlReader& r, DataSpec& d, const ModelSpec& m) {
   d.batch = int(r.get_int("batch", d.batch, 1, 1 << 24));
   d.sampler = r.get_string("sampler", d.sampler, {"random", "sequential"});
   r.finish();
-  if (m.kind == "gpt") {
+  if (find_family(m.kind)->reads_tokens) {
     if (d.path.empty())
-      throw UserError(cat(r.loc().str(), ": data.path: expected the path of a token file for model.kind = \"gpt\", found nothing"));
+      throw UserError(cat(r.loc().str(), ": data.path: expected the path of a token file for model.kind = \"", m.kind,
+                          "\", found nothing"));
     std::filesystem::path p(d.path);
     std::error_code ec;
     if (!std::filesystem::is_regular_file(p, ec))
       r.error_msg("path", cat("no readable file '", d.path, "' (relative to ", std::filesystem::current_path().string(),
                               "); run `make data` or tools/prepare-data.sh to build the default corpus"));
   } else if (!d.path.empty()) {
-    r.error_msg("path", "model.kind = \"mlp\" trains on synthetic data; remove data.path");
+    r.error_msg("path", cat("model.kind = \"", m.kind, "\" trains on synthetic data; remove data.path"));
   }
 }
 
@@ -229,9 +216,27 @@ void load_annotations(const toml::array& arr, JobSpec& spec, const LoadContext& 
     if (!std::regex_match(a.tag, std::regex("[A-Z][A-Z0-9_]*")))
       r.error("tag", "an upper-case tag name such as \"PP\"", tag);
     if (a.tag == "PASS" || a.tag == "MB") r.error_msg("tag", cat("'", a.tag, "' is reserved for the compiler"));
+    const toml::node* seg_node = r.get_node("segments");
     const toml::node* layers = r.get_node("layers");
+    if (seg_node && layers) r.error_msg("segments", "give either layers or segments, not both");
+    if (seg_node) {
+      // [first, last] segment names, e.g. ["model.embed_tokens", "model.layers.3.self_attn"]; they are
+      // resolved against the model when the graph is built
+      const toml::array* sa = seg_node->as_array();
+      if (!sa || sa->empty()) r.error("segments", "a non-empty array of [first, last] segment-name ranges", seg_node);
+      for (size_t i = 0; i < sa->size(); ++i) {
+        const toml::node* rn = sa->get(i);
+        const toml::array* ra = rn->as_array();
+        if (!ra || ra->size() != 2 || !ra->get(0)->as_string() || !ra->get(1)->as_string()) {
+          std::string kp = cat(path, ".segments[", i, "]");
+          throw UserError(cat(node_loc(rn, kp, ctx).str(), ": ", kp,
+                              ": expected a [first, last] pair of segment names, found ", describe_node(rn)));
+        }
+        a.segments.push_back({ra->get(0)->as_string()->get(), ra->get(1)->as_string()->get()});
+      }
+    } else {
     const toml::array* la = layers ? layers->as_array() : nullptr;
-    if (!la || la->empty()) r.error("layers", "a non-empty array of [first, last] layer ranges", layers);
+    if (!la || la->empty()) r.error("layers", "a non-empty array of [first, last] layer ranges (or segments = [...])", layers);
     int prev_last = -1;
     for (size_t i = 0; i < la->size(); ++i) {
       const toml::node* rn = la->get(i);
@@ -249,6 +254,7 @@ void load_annotations(const toml::array& arr, JobSpec& spec, const LoadContext& 
       if (lo <= prev_last) bad(cat("range starts at layer ", lo, ", inside or before the previous range (ends at ", prev_last, ")"));
       prev_last = hi;
       a.layers.push_back({lo, hi});
+    }
     }
     r.finish();
     for (const auto& other : spec.annotations)
@@ -363,8 +369,8 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
   with("job", [&](TomlReader& r) { load_job_section(r, spec.job); });
   with("model", [&](TomlReader& r) { load_model(r, spec.model); });
   with("data", [&](TomlReader& r) { load_data(r, spec.data, spec.model); });
-  if (!root.contains("data") && spec.model.kind == "gpt")
-    throw UserError(cat(name, ": [data]: missing; a gpt job needs data.path"));
+  if (!root.contains("data") && find_family(spec.model.kind)->reads_tokens)
+    throw UserError(cat(name, ": [data]: missing; a ", spec.model.kind, " job needs data.path"));
   with("optimizer", [&](TomlReader& r) { load_optimizer(r, spec.optimizer); });
   with("checkpoint", [&](TomlReader& r) { load_checkpoint(r, spec.checkpoint); });
   with("mesh", [&](TomlReader& r) { load_mesh(r, spec.mesh); });

@@ -1,25 +1,67 @@
 // Training DAG construction (see build.hpp). One microbatch, no placement: passes add the rest.
 #include "ir/build.hpp"
 
+#include <algorithm>
+
 #include "model/build.hpp"
 #include "util/error.hpp"
 
 namespace piper {
 
+namespace {
+
+// The segment index ranges [first, last] of each tag value of an annotation.
+std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annotation& a) {
+  const int S = int(model.segments.size());
+  std::vector<std::pair<int, int>> out;
+  for (const auto& [lo, hi] : a.layers) {  // every segment whose layer lies in [lo, hi]
+    int first = S, last = -1;
+    for (int s = 0; s < S; ++s)
+      if (model.segments[size_t(s)].layer >= lo && model.segments[size_t(s)].layer <= hi) {
+        first = std::min(first, s);
+        last = std::max(last, s);
+      }
+    out.push_back({first, last});
+  }
+  auto find = [&](const std::string& name) {
+    for (int s = 0; s < S; ++s)
+      if (model.segments[size_t(s)].name == name) return s;
+    std::string names;
+    for (int s = 0; s < S && s < 6; ++s) names += cat(s ? ", " : "", "\"", model.segments[size_t(s)].name, "\"");
+    throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: the ", model.kind, " model has no segment \"",
+                        name, "\" (its ", S, " segments begin ", names, S > 6 ? ", ..." : "",
+                        "; --dry-run lists them all)"));
+  };
+  int prev = -1;
+  for (const auto& [lo, hi] : a.segments) {
+    int first = find(lo), last = find(hi);
+    if (first > last)
+      throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: \"", lo, "\" comes after \"", hi,
+                          "\" in the model"));
+    if (first <= prev)
+      throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: range [\"", lo, "\", \"", hi,
+                          "\"] starts inside or before the previous range"));
+    prev = last;
+    out.push_back({first, last});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Region> make_regions(const Model& model, const std::vector<Annotation>& annotations) {
-  const int last_layer = model.dims.n_layers - 1;
-  auto tags_of = [&](const Segment& seg) {
-    int layer = seg.layer >= 0 ? seg.layer : (seg.kind == SegmentKind::Embedding ? 0 : last_layer);
-    if (seg.kind == SegmentKind::MlpHead) layer = last_layer;
+  std::vector<std::vector<std::pair<int, int>>> ranges;
+  for (const auto& a : annotations) ranges.push_back(segment_ranges(model, a));
+  auto tags_of = [&](int seg) {
     Tags t;
-    for (const auto& a : annotations)
-      for (size_t v = 0; v < a.layers.size(); ++v)
-        if (layer >= a.layers[v].first && layer <= a.layers[v].second) t[a.tag] = int(v);
+    for (size_t i = 0; i < annotations.size(); ++i)
+      for (size_t v = 0; v < ranges[i].size(); ++v)
+        if (seg >= ranges[i][v].first && seg <= ranges[i][v].second) t[annotations[i].tag] = int(v);
     return t;
   };
   std::vector<Region> regions;
   for (size_t s = 0; s < model.segments.size(); ++s) {
-    Tags t = tags_of(model.segments[s]);
+    Tags t = tags_of(int(s));
     if (!regions.empty() && regions.back().tags == t) {
       regions.back().seg_end = int(s) + 1;
       continue;

@@ -1,20 +1,18 @@
-// The model as the compiler sees it: an ordered list of segments (embedding, blocks, head), each with
-// the parameters it uses (name, logical shape, init rule) and its FLOPs per token. No tensors live here.
+// The model as the compiler sees it: an ordered list of segments, each of a registered segment type
+// (segment_type.hpp), with the parameters it uses (name, logical shape, init rule) and its FLOPs.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-
 namespace piper {
 
-enum class SegmentKind : uint8_t { Embedding, Block, Head, MlpLayer, MlpHead };
-const char* segment_kind_name(SegmentKind k);
+struct SegmentType;
 
 enum class InitKind : uint8_t { Normal, Zeros, Ones };
 
 struct ParamSpec {
-  std::string name;             // logical name, e.g. "blocks.3.attn.qkv.weight"
+  std::string name;             // logical name, e.g. "model.layers.3.self_attn.q_proj.weight"
   std::vector<int64_t> shape;   // logical shape, PyTorch convention: Linear weight is (out, in)
   int64_t numel = 0;
   InitKind init = InitKind::Zeros;
@@ -22,30 +20,36 @@ struct ParamSpec {
   bool decay = false;           // AdamW weight decay applies (matrices and embeddings only)
 };
 
-// Dimensions every kernel needs; one struct for both model kinds.
+// Hyperparameters of every family in one plain struct (it travels in the plan as bytes); each family
+// reads the keys it knows and leaves the others at their defaults. The last two are derived by the family.
 struct ModelDims {
-  SegmentKind first_kind = SegmentKind::Embedding;
-  int vocab = 0, seq_len = 0, d_model = 0, n_heads = 0, d_ff = 0;  // gpt
-  int d_in = 0, d_hidden = 0, n_classes = 0;                       // mlp
-  int n_layers = 0;
-  bool is_gpt() const { return first_kind == SegmentKind::Embedding; }
-  // Rows one sequence/sample contributes to the activation matrices: T for gpt, 1 for mlp.
-  int rows_per_sample() const { return is_gpt() ? seq_len : 1; }
+  int vocab = 256, seq_len = 128, d_model = 256, n_layers = 4, n_heads = 8, d_ff = 1024;
+  int n_kv_heads = 0, head_dim = 0;  // 0: n_heads, d_model / n_heads
+  double rope_theta = 1e6, norm_eps = 1e-6;
+  bool qk_norm = true, tie_embeddings = false;
+  int d_in = 32, d_hidden = 64, n_classes = 8;  // synthetic-feature models
+  // derived by the family's build
+  int rows_per_sample = 1;  // rows one sample contributes to the activation matrices (T for sequences)
+  int act_width = 0;        // width of the activation handed between segments
 };
 
 struct Segment {
-  SegmentKind kind;
-  std::string name;         // "embedding", "blocks.3", "head"
-  int layer = -1;           // user-visible layer index; embedding and head take -1
-  std::vector<int> params;  // indices into Model::params, in the order the kernels expect
-  double fwd_flops_per_sample = 0;  // forward FLOPs for one sequence/sample (matmuls and attention)
+  const SegmentType* type = nullptr;  // its math and buffer sizes
+  std::string name;                   // "model.layers.3.mlp", "head"
+  int layer = 0;                      // the model layer annotations select it by
+  std::vector<int> params;            // indices into Model::params, in the order its type expects
+  double fwd_flops_per_sample = 0;    // forward FLOPs for one sequence/sample (matmuls and attention)
 };
 
 struct Model {
+  std::string kind;  // the family
   ModelDims dims;
+  bool reads_tokens = true;  // trains on a token file (else on a synthetic task)
   std::vector<ParamSpec> params;
   std::vector<Segment> segments;
   int64_t n_params() const;           // distinct parameters (tied counted once)
+  // Adds a parameter and returns its index (for family builders).
+  int add_param(std::string name, std::vector<int64_t> shape, InitKind init, float std, bool decay);
 };
 
 // Value of element `index` of parameter `p` for this seed: the same on every rank and strategy.

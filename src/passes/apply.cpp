@@ -47,7 +47,7 @@ ScheduleContext schedule_context(const Graph& g, const JobSpec& spec, const std:
   if (!ann)
     throw UserError(cat(schedule ? schedule->describe() : std::string("the default schedule"), ": no [[annotate]] with tag = \"",
                         tag, "\" defines the pipeline stages"));
-  ctx.stages = int(ann->layers.size());
+  ctx.stages = ann->values();
   ctx.ranks = stage_groups(g, places, tag, ctx.stages);
   ctx.first_index = int(spec.directives.size());
   ctx.base_dir = std::filesystem::path(spec.path).parent_path().string();

@@ -142,7 +142,10 @@ std::string plan_to_text(const Plan& p) {
     buf("tmp", in.tmp);
     if (in.count) os << " count=" << in.count;
     if (in.flags) os << " flags=" << int(in.flags);
-    if (in.overwrite) os << " overwrite=0x" << std::hex << in.overwrite << std::dec;
+    if (std::find(in.overwrite.begin(), in.overwrite.end(), 1) != in.overwrite.end()) {
+      os << " overwrite=";
+      for (uint8_t o : in.overwrite) os << int(o);
+    }
     if (!in.waits.empty()) {
       os << " waits=";
       for (size_t j = 0; j < in.waits.size(); ++j) os << (j ? "," : "") << in.waits[j];

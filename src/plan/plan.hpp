@@ -12,7 +12,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 1;
+constexpr uint32_t kPlanVersion = 2;
 
 enum class Op : uint8_t {
   Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
@@ -95,7 +95,7 @@ struct Instr {
   // compute buffers (ids or -1)
   int32_t in = -1, out = -1, stash = -1, wstash = -1, dout = -1, din = -1;
   std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
-  uint32_t overwrite = 0;   // bit i: gradient of segment param i is written, not accumulated
+  std::vector<uint8_t> overwrite;  // [i] != 0: gradient of segment param i is written, not accumulated
   int32_t sample_offset = 0;  // first sample of the microbatch within this replica's slice
   int32_t samples = 0;
   float loss_scale = 0;
@@ -149,7 +149,7 @@ struct Plan {
   std::vector<GroupRef> groups;  // groups this body uses
   std::vector<Instr> instrs;
   int32_t workspace_buf = -1;
-  int32_t attn_scratch_buf = -1;  // backend-sized at run time; see attention_scratch_floats
+  int32_t scratch_buf = -1;     // backend scratch of the segments, sized at run time (SegmentType::scratch_floats)
   MemoryEstimate memory;
   double predicted_step = 0;    // cost model: seconds per step (the whole job)
   double predicted_bubble = 0;  // cost model: idle share of this set's compute stream

@@ -1,6 +1,8 @@
 // Versioned binary form of a plan (what rank 0 sends each rank over MPI). Field by field, little-endian
 // as the machine stores it; a version mismatch or truncation is an error, never a guess.
 #include "plan/plan.hpp"
+
+#include "model/segment_type.hpp"
 #include "util/bytes.hpp"
 #include "util/error.hpp"
 
@@ -56,7 +58,7 @@ void put_instr(ByteWriter& w, const Instr& in) {
   for (int32_t x : {in.node, in.segment, in.mb, in.bucket, in.group, in.peer_set, in.tag, in.in, in.out, in.stash,
                     in.wstash, in.dout, in.din, in.sample_offset, in.samples, in.buf, in.src, in.tmp, in.m, in.v})
     w.put(x);
-  w.put(in.overwrite);
+  w.put_vector(in.overwrite);
   w.put(in.loss_scale);
   w.put(in.offset);
   w.put(in.src_offset);
@@ -82,7 +84,7 @@ Instr get_instr(ByteReader& r) {
                      &in.stash, &in.wstash, &in.dout, &in.din, &in.sample_offset, &in.samples, &in.buf, &in.src,
                      &in.tmp, &in.m, &in.v})
     *x = r.get<int32_t>();
-  in.overwrite = r.get<uint32_t>();
+  in.overwrite = r.get_vector<uint8_t>();
   in.loss_scale = r.get<float>();
   in.offset = r.get<int64_t>();
   in.src_offset = r.get<int64_t>();
@@ -147,7 +149,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   }
   w.put<uint32_t>(uint32_t(p.segments.size()));
   for (const auto& s : p.segments) {
-    w.put(uint8_t(s.kind));
+    w.put_string(s.type->name);
     w.put_string(s.name);
     w.put<int32_t>(s.layer);
     w.put_vector(s.params);
@@ -181,7 +183,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put<uint32_t>(uint32_t(p.instrs.size()));
   for (const auto& in : p.instrs) put_instr(w, in);
   w.put(p.workspace_buf);
-  w.put(p.attn_scratch_buf);
+  w.put(p.scratch_buf);
   w.put(p.memory);
   w.put(p.predicted_step);
   w.put(p.predicted_bubble);
@@ -226,7 +228,9 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   uint32_t ns = r.get<uint32_t>();
   for (uint32_t i = 0; i < ns; ++i) {
     Segment s;
-    s.kind = SegmentKind(r.get<uint8_t>());
+    std::string type = r.get_string();
+    s.type = find_segment_type(type);
+    if (!s.type) throw SystemError(cat("plan names segment type '", type, "' that this piper does not know"));
     s.name = r.get_string();
     s.layer = r.get<int32_t>();
     s.params = r.get_vector<int>();
@@ -263,7 +267,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.instrs.reserve(ni);
   for (uint32_t i = 0; i < ni; ++i) p.instrs.push_back(get_instr(r));
   p.workspace_buf = r.get<int32_t>();
-  p.attn_scratch_buf = r.get<int32_t>();
+  p.scratch_buf = r.get<int32_t>();
   p.memory = r.get<MemoryEstimate>();
   p.predicted_step = r.get<double>();
   p.predicted_bubble = r.get<double>();

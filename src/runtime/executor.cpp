@@ -7,8 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "layers/layout.hpp"
-#include "layers/segments.hpp"
+#include "model/segment_type.hpp"
 #include "runtime/learning_rate.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
@@ -35,15 +34,17 @@ void backoff(int& round) {
 Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
     : plan_(plan), backend_(backend), k_(backend.kernels()), world_(world), store_(plan, backend) {
   t0_ = now_seconds();
-  if (plan_.attn_scratch_buf >= 0) {
-    const ModelDims& d = plan_.dims;
-    int samples = plan_.samples_per_replica / std::max(1, plan_.microbatches);
-    size_t floats = backend_.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads);
-    store_.resize(plan_.attn_scratch_buf, std::max<size_t>(floats, 1) * sizeof(float));
+  if (plan_.scratch_buf >= 0) {
+    // the largest backend scratch any segment of this plan needs
+    size_t floats = 1;
+    for (const auto& in : plan_.instrs)
+      if (op_is_compute(in.op))
+        floats = std::max(floats, segment_scratch_floats(k_, plan_.segments[size_t(in.segment)], plan_.dims, in.samples));
+    store_.resize(plan_.scratch_buf, floats * sizeof(float));
   }
   bool needs_data = false;
   for (const auto& in : plan_.instrs)
-    if (in.op == Op::Forward && data_slot(plan_.segments[size_t(in.segment)]) != DataSlot::None) needs_data = true;
+    if (in.op == Op::Forward && plan_.segments[size_t(in.segment)].type->data != DataSlot::None) needs_data = true;
   if (needs_data) data_ = std::make_unique<DataLoader>(plan_.data);
 
   param_slot_.assign(plan_.params.size(), -1);
@@ -334,22 +335,22 @@ void Executor::load_data(const Instr& in, void* stash) {
   const Segment& seg = plan_.segments[size_t(in.segment)];
   const int first = plan_.replica * plan_.samples_per_replica + in.sample_offset;
   const int n = in.samples;
-  const int T = plan_.dims.seq_len;
-  switch (data_slot(seg)) {
+  const DataSlot slot = seg.type->data;
+  switch (slot) {
     case DataSlot::Tokens:
-    case DataSlot::Targets: {
-      const bool gpt = plan_.dims.is_gpt();
-      size_t count = gpt ? size_t(n) * T : size_t(n);
+    case DataSlot::Targets:
+    case DataSlot::Labels: {
+      const size_t count = slot == DataSlot::Labels ? size_t(n) : size_t(n) * plan_.dims.seq_len;  // ids
       host_staging_.resize(count * sizeof(int32_t));
       auto* ids = reinterpret_cast<int32_t*>(host_staging_.data());
-      if (!gpt) data_->labels(step_, first, n, ids);
-      else if (data_slot(seg) == DataSlot::Tokens) data_->inputs(step_, first, n, ids);
+      if (slot == DataSlot::Labels) data_->labels(step_, first, n, ids);
+      else if (slot == DataSlot::Tokens) data_->inputs(step_, first, n, ids);
       else data_->targets(step_, first, n, ids);
       k_.upload(stash, ids, count * sizeof(int32_t));
       break;
     }
     case DataSlot::Features: {
-      size_t count = size_t(n) * plan_.dims.d_in;
+      size_t count = size_t(n) * plan_.dims.d_in;  // (n, d_in)
       host_staging_.resize(count * sizeof(float));
       auto* x = reinterpret_cast<float*>(host_staging_.data());
       data_->features(step_, first, n, x);
@@ -363,9 +364,10 @@ void Executor::load_data(const Instr& in, void* stash) {
 void Executor::run_compute(const Instr& in) {
   const Segment& seg = plan_.segments[size_t(in.segment)];
   const size_t np = seg.params.size();
-  float* w[16] = {nullptr};
-  float* g[16] = {nullptr};
-  PIPER_CHECK(np <= 16, "segment with more than 16 parameters");
+  // parameter and gradient pointers, in the segment's order (one pair of arrays per stream thread)
+  thread_local std::vector<float*> w, g;
+  w.assign(np, nullptr);
+  g.assign(np, nullptr);
   for (size_t i = 0; i < np; ++i) {
     const PlanParam& pp = plan_.plan_params[size_t(param_slot_[size_t(seg.params[i])])];
     if (i < in.pbuf.size() && in.pbuf[i] >= 0) w[i] = store_.f(in.pbuf[i]) + pp.offset;
@@ -373,9 +375,9 @@ void Executor::run_compute(const Instr& in) {
   }
   SegmentIO io;
   io.samples = in.samples;
-  io.w = w;
-  io.g = g;
-  io.overwrite = in.overwrite;
+  io.w = w.data();
+  io.g = g.data();
+  io.overwrite = in.overwrite.empty() ? nullptr : in.overwrite.data();
   io.in = in.in >= 0 ? store_.f(in.in) : nullptr;
   io.out = in.out >= 0 ? store_.f(in.out) : nullptr;
   io.stash = store_.acquire(in.stash);
@@ -383,12 +385,12 @@ void Executor::run_compute(const Instr& in) {
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   io.loss_sum = scalars_;
   io.loss_scale = in.loss_scale;
-  if (plan_.attn_scratch_buf >= 0) io.attn_scratch = store_.f(plan_.attn_scratch_buf);
+  if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
   float* workspace = store_.f(plan_.workspace_buf);
   const ModelDims& d = plan_.dims;
   switch (in.op) {
     case Op::Forward:
-      if (data_slot(seg) != DataSlot::None) load_data(in, io.stash);
+      if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
       break;
     case Op::Backward: {

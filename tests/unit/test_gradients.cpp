@@ -1,4 +1,4 @@
-// Whole-model checks through the layer code (src/layers): a small GPT and a small MLP are run segment by
+// Whole-model checks through the families' segment code (src/model): a small GPT and a small MLP are run segment by
 // segment over buffers sized by segment_sizes(); the loss is compared with a double-precision reference,
 // every parameter's gradient with central differences of the loss, and split backward with fused.
 #include <catch2/catch.hpp>
@@ -9,8 +9,7 @@
 
 #include "backend/cpu/cpu_kernels.hpp"
 #include "config/job.hpp"
-#include "layers/layout.hpp"
-#include "layers/segments.hpp"
+#include "model/segment_type.hpp"
 #include "model/build.hpp"
 #include "test_util.hpp"
 
@@ -31,7 +30,7 @@ struct Net {
   std::vector<float> features;             // mlp: (samples, d_in)
   std::vector<SegmentSizes> sizes;
   std::vector<Guarded> act, dact, stash, wstash, fused;  // by segment
-  Guarded workspace, attn_scratch;
+  Guarded workspace, scratch;
 
   Net(const ModelSpec& spec, int samples_, uint64_t seed) : model(build_model(spec)), samples(samples_) {
     const ModelDims& d = model.dims;
@@ -50,7 +49,7 @@ struct Net {
       max_workspace = std::max(max_workspace, z.workspace_bytes);
     }
     workspace.resize(max_workspace);
-    if (d.is_gpt()) {
+    if (model.reads_tokens) {
       tokens = rng.ints(size_t(samples) * d.seq_len, 0, d.vocab);
       targets = rng.ints(size_t(samples) * d.seq_len, 0, d.vocab);
       loss_scale = 1.f / float(samples * d.seq_len);
@@ -85,14 +84,15 @@ struct Net {
     for (size_t s = 0; s < act.size(); ++s)
       if (!act[s].intact() || !dact[s].intact() || !stash[s].intact() || !wstash[s].intact() || !fused[s].intact())
         return false;
-    return workspace.intact() && attn_scratch.intact();
+    return workspace.intact() && scratch.intact();
   }
 
   void load_data(size_t s) {
     const Segment& seg = model.segments[s];
-    switch (data_slot(seg)) {
+    switch (seg.type->data) {
       case DataSlot::Tokens: std::memcpy(stash[s].data(), tokens.data(), tokens.size() * sizeof(int32_t)); break;
-      case DataSlot::Targets: std::memcpy(stash[s].data(), targets.data(), targets.size() * sizeof(int32_t)); break;
+      case DataSlot::Targets:
+      case DataSlot::Labels: std::memcpy(stash[s].data(), targets.data(), targets.size() * sizeof(int32_t)); break;
       case DataSlot::Features: std::memcpy(stash[s].data(), features.data(), features.size() * sizeof(float)); break;
       case DataSlot::None: break;
     }
@@ -112,19 +112,19 @@ struct Net {
     io.out = sizes[s].out_bytes > 0 ? act[s].data() : nullptr;
     io.dout = sizes[s].out_bytes > 0 ? dact[s].data() : nullptr;
     io.stash = stash[s].data();
-    io.attn_scratch = attn_scratch.data();
+    io.scratch = scratch.data();
     io.loss_scale = loss_scale;
     return io;
   }
 
-  void size_attention_scratch(Kernels& k) {
-    const ModelDims& d = model.dims;
-    size_t floats = d.is_gpt() ? k.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads) : 0;
-    if (attn_scratch.size() != floats) attn_scratch.resize(floats * sizeof(float));
+  void size_scratch(Kernels& k) {
+    size_t floats = 0;
+    for (const auto& seg : model.segments) floats = std::max(floats, segment_scratch_floats(k, seg, model.dims, samples));
+    if (scratch.size() != floats * sizeof(float)) scratch.resize(floats * sizeof(float));
   }
 
   double forward(Kernels& k) {
-    size_attention_scratch(k);
+    size_scratch(k);
     double loss = 0;
     std::vector<const float*> w;
     for (size_t s = 0; s < model.segments.size(); ++s) {
@@ -142,14 +142,16 @@ struct Net {
     std::vector<std::vector<float>> grads(params.size());
     for (size_t p = 0; p < params.size(); ++p) grads[p].assign(params[p].size(), 1e3f);
     std::vector<bool> written(params.size(), false);
+    std::vector<std::vector<uint8_t>> flags(model.segments.size());
     auto overwrite_bits = [&](const Segment& seg) {
-      uint32_t bits = 0;
+      auto& bits = flags[size_t(&seg - model.segments.data())];
+      bits.assign(seg.params.size(), 0);
       for (size_t i = 0; i < seg.params.size(); ++i)
         if (!written[size_t(seg.params[i])]) {
-          bits |= 1u << i;
+          bits[i] = 1;
           written[size_t(seg.params[i])] = true;
         }
-      return bits;
+      return bits.data();
     };
     std::vector<const float*> w;
     std::vector<float*> g;
@@ -183,7 +185,7 @@ struct Net {
     // BW may only read what BI left in wstash: poison the shared scratch in between.
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::fill(workspace.data(), workspace.data() + workspace.size(), nan);
-    std::fill(attn_scratch.data(), attn_scratch.data() + attn_scratch.size(), nan);
+    std::fill(scratch.data(), scratch.data() + scratch.size(), nan);
     for (int s = S - 1; s >= 0; --s) {
       const Segment& seg = model.segments[size_t(s)];
       SegmentIO io = io_for(size_t(s), w);
@@ -191,7 +193,7 @@ struct Net {
       io.overwrite = overwrite_bits(seg);
       io.wstash = wstash[size_t(s)].data();
       io.workspace = nullptr;
-      io.attn_scratch = nullptr;
+      io.scratch = nullptr;
       segment_backward_weight(k, seg, d, io);
     }
     return grads;
@@ -201,7 +203,7 @@ struct Net {
   double reference_loss() const {
     const ModelDims& d = model.dims;
     auto P = [&](const Segment& seg, int i) -> const std::vector<float>& { return params[size_t(seg.params[size_t(i)])]; };
-    if (d.is_gpt()) {
+    if (model.kind == "gpt") {
       const int B = samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads, n = B * T;
       const Segment& emb = model.segments.front();
       std::vector<double> x = embedding_ref(tokens, P(emb, 0), P(emb, 1), B, T, C);
@@ -253,7 +255,12 @@ ModelSpec small_mlp() {
 }
 
 // The parameter both the embedding and the head use (GPT's wte), or -1.
-int tied_param(const Model& m) { return m.dims.is_gpt() ? m.segments.front().params[0] : -1; }
+int tied_param(const Model& m) {
+  for (int p : m.segments.front().params)
+    for (int q : m.segments.back().params)
+      if (p == q) return p;
+  return -1;
+}
 
 // Elements checked per parameter: all of the tied wte (every row the embedding touches must be summed
 // with the head's part) and of tensors up to 32 elements, a fixed random sample of 24 elsewhere.

@@ -1,0 +1,87 @@
+// A segment type: one kind of model segment a family registers — what it reads from data, the sizes of
+// its buffers, and its forward, backward-input (BI) and backward-weight (BW) as backend kernel calls.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backend/kernels.hpp"
+#include "model/model.hpp"
+
+namespace piper {
+
+// Sizes of the per-microbatch buffers of one segment. The compiler sizes plan buffers from these; the
+// segment code carves the same buffers with the same offsets.
+struct SegmentSizes {
+  size_t out_bytes = 0;        // activation handed to the next segment (0 for the loss segment)
+  size_t stash_bytes = 0;      // forward → backward
+  size_t wstash_bytes = 0;     // backward-input → backward-weight
+  size_t workspace_bytes = 0;  // scratch during backward (excluding the backend scratch)
+  size_t input_bytes = 0;      // activation this segment reads (0 when it reads data)
+};
+
+// What the executor loads into the start of a segment's stash before its forward.
+enum class DataSlot : uint8_t {
+  None,
+  Tokens,    // int32 (samples, T): input ids
+  Targets,   // int32 (samples, T): next-token ids
+  Labels,    // int32 (samples): class labels
+  Features,  // fp32 (samples, d_in)
+};
+
+struct SegmentIO {
+  int samples = 0;                  // sequences or samples in this microbatch
+  const float* const* w = nullptr;  // parameters, in Segment::params order
+  float* const* g = nullptr;        // their gradients, same order
+  const uint8_t* overwrite = nullptr;  // [i] != 0: gradient i is written (first write of the step), else added
+  const float* in = nullptr;        // activation from the previous segment; null when reading data
+  float* out = nullptr;             // activation for the next segment; null for the loss segment
+  void* stash = nullptr;            // forward → backward (data is loaded into its start, see DataSlot)
+  float* wstash = nullptr;          // backward-input → backward-weight
+  float* workspace = nullptr;       // scratch, SegmentSizes::workspace_bytes
+  float* scratch = nullptr;         // backend scratch, SegmentType::scratch_floats
+  const float* dout = nullptr;      // gradient of `out`; unused by the loss segment (it starts from the loss)
+  float* din = nullptr;             // gradient of `in`; null when the segment reads data
+  double* loss_sum = nullptr;       // the loss segment adds loss_scale · Σ token losses
+  float loss_scale = 1.f;
+  // Whether gradient i is added to what is there (a later writer of the same parameter this step).
+  bool accumulate(int i) const { return !(overwrite && overwrite[i]); }
+};
+
+using SegmentFn = void (*)(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io);
+
+struct SegmentType {
+  std::string name;                  // "gpt2.block": how plans name it
+  DataSlot data = DataSlot::None;    // data loaded before the forward
+  bool reads_input = true;           // takes the previous segment's activation (false: starts from data)
+  bool computes_loss = false;        // last segment: no output; its backward starts from the loss
+  SegmentSizes (*sizes)(const Segment& seg, const ModelDims& d, int samples) = nullptr;
+  SegmentFn forward = nullptr;
+  SegmentFn backward_input = nullptr;   // null: nothing to do (no input gradient)
+  SegmentFn backward_weight = nullptr;
+  // Backend scratch its backward needs, in floats (sized at run time by the backend); null: none.
+  size_t (*scratch_floats)(const Kernels& k, const ModelDims& d, int samples) = nullptr;
+  // The compiler's estimate of that scratch, in bytes, for `threads` compute threads.
+  uint64_t (*scratch_estimate)(const ModelDims& d, int samples, int threads) = nullptr;
+};
+
+// The registered segment type called `name`, or null.
+const SegmentType* find_segment_type(const std::string& name);
+
+inline void segment_forward(Kernels& k, const Segment& s, const ModelDims& d, const SegmentIO& io) {
+  s.type->forward(k, s, d, io);
+}
+inline void segment_backward_input(Kernels& k, const Segment& s, const ModelDims& d, const SegmentIO& io) {
+  if (s.type->backward_input) s.type->backward_input(k, s, d, io);
+}
+inline void segment_backward_weight(Kernels& k, const Segment& s, const ModelDims& d, const SegmentIO& io) {
+  if (s.type->backward_weight) s.type->backward_weight(k, s, d, io);
+}
+inline SegmentSizes segment_sizes(const Segment& s, const ModelDims& d, int samples) {
+  return s.type->sizes(s, d, samples);
+}
+inline size_t segment_scratch_floats(const Kernels& k, const Segment& s, const ModelDims& d, int samples) {
+  return s.type->scratch_floats ? s.type->scratch_floats(k, d, samples) : 0;
+}
+
+}  // namespace piper
