@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -22,10 +23,87 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Token W bytes wide at p, little-endian whatever the host.
+template <int W>
+inline uint32_t load(const uint8_t* p) {
+  if constexpr (W == 1) {
+    return p[0];
+  } else if constexpr (W == 2) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap16(v);
+#endif
+    return v;
+  } else {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+  }
+}
+
+// Largest of n tokens: no position tracked, so the loop vectorizes; first_at finds where, stopping there.
+template <int W>
+uint32_t max_of(const uint8_t* p, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, load<W>(p + W * i));
+  return m;
+}
+
+template <int W>
+int64_t first_at(const uint8_t* p, int64_t n, uint32_t v) {
+  for (int64_t i = 0; i < n; ++i)
+    if (load<W>(p + W * i) == v) return i;
+  return -1;
+}
+
+// True when every 16-bit word at an odd position is at most `bound` (stops at the first that is not).
+bool odd_words_at_most(const uint8_t* p, int64_t words, uint32_t bound) {
+  for (int64_t i = 1; i < words; i += 2)
+    if (load<2>(p + 2 * i) > bound) return false;
+  return true;
+}
+
+const char* width_name(int w) {
+  return w == 1 ? "raw bytes" : w == 2 ? "little-endian uint16" : "little-endian uint32";
+}
+
+// "read as little-endian uint16 by its .bin suffix": how the width was chosen.
+std::string read_as(const DataConfig& cfg, int w) {
+  if (cfg.token_bytes != 0) return cat("read as ", width_name(w), " by data.token_bytes = ", cfg.token_bytes);
+  if (w == 1) return "read as raw bytes, its name not ending in .bin";
+  const char* suffix = w == 4 ? ".u32.bin" : ends_with(cfg.path, ".u16.bin") ? ".u16.bin" : ".bin";
+  return cat("read as ", width_name(w), " by its ", suffix, " suffix");
+}
+
+// What makes the file read with width w: a name, or data.token_bytes if that chose the width.
+std::string to_read_as(const DataConfig& cfg, int w) {
+  if (cfg.token_bytes != 0) return cat("set data.token_bytes = ", w);
+  if (w == 1) return "give it a name that does not end in .bin";
+  return w == 2 ? "name it .u16.bin" : "name it .u32.bin";
+}
+
 }  // namespace
+
+int token_bytes_of(const DataConfig& cfg) {
+  switch (cfg.token_bytes) {
+    case 1: case 2: case 4: return cfg.token_bytes;
+    case 0: break;
+    default:
+      throw UserError(cat("data.token_bytes = ", cfg.token_bytes,
+                          ": expected 1, 2 or 4 bytes per token id (or 0: by the suffix of data.path)"));
+  }
+  if (ends_with(cfg.path, ".u32.bin")) return 4;
+  if (ends_with(cfg.path, ".bin")) return 2;  // .u16.bin or plain .bin
+  return 1;
+}
 
 DataLoader::DataLoader(const DataConfig& cfg) : cfg_(cfg) {
   if (cfg_.kind != DataConfig::Kind::Tokens) return;
+  width_ = token_bytes_of(cfg_);
   int fd = ::open(cfg_.path.c_str(), O_RDONLY);
   if (fd < 0) throw UserError(cat("data.path: cannot open '", cfg_.path, "': ", std::strerror(errno)));
   struct stat st {};
@@ -40,25 +118,26 @@ DataLoader::DataLoader(const DataConfig& cfg) : cfg_(cfg) {
     map_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);
-  u16_ = ends_with(cfg_.path, ".bin");
-  n_tokens_ = int64_t(u16_ ? map_bytes_ / 2 : map_bytes_);
+  n_tokens_ = int64_t(map_bytes_ / size_t(width_));  // a partial last token is ignored; validate_data rejects it
 }
 
 DataLoader::~DataLoader() {
   if (map_) munmap(const_cast<uint8_t*>(map_), map_bytes_);
 }
 
-std::pair<int32_t, int64_t> DataLoader::max_token() const {
-  int32_t best = -1;
-  int64_t at = 0;
-  for (int64_t i = 0; i < n_tokens_; ++i)
-    if (token(i) > best) { best = token(i); at = i; }
-  return {best, at};
+std::pair<int64_t, int64_t> DataLoader::max_token() const {
+  if (n_tokens_ == 0) return {-1, 0};
+  uint32_t m = width_ == 1 ? max_of<1>(map_, n_tokens_) : width_ == 2 ? max_of<2>(map_, n_tokens_)
+                                                                       : max_of<4>(map_, n_tokens_);
+  int64_t at = width_ == 1 ? first_at<1>(map_, n_tokens_, m) : width_ == 2 ? first_at<2>(map_, n_tokens_, m)
+                                                                            : first_at<4>(map_, n_tokens_, m);
+  return {int64_t(m), at};
 }
 
 int32_t DataLoader::token(int64_t pos) const {
-  if (!u16_) return map_[pos];
-  return int32_t(map_[2 * pos]) | (int32_t(map_[2 * pos + 1]) << 8);
+  // Ids are below model.vocab (an int) once validate_data has passed, so they fit an int32.
+  const uint8_t* p = map_ + width_ * pos;
+  return int32_t(width_ == 1 ? load<1>(p) : width_ == 2 ? load<2>(p) : load<4>(p));
 }
 
 int64_t DataLoader::window_start(int64_t step, int index) const {
@@ -117,18 +196,62 @@ void DataLoader::labels(int64_t step, int first, int count, int32_t* out) const 
 void validate_data(const DataConfig& cfg) {
   if (cfg.kind != DataConfig::Kind::Tokens) return;
   DataLoader loader(cfg);
-  bool u16 = ends_with(cfg.path, ".bin");
-  if (!u16 && cfg.vocab < 256)
-    throw UserError(cat("data.path: '", cfg.path, "' is read as raw bytes (token ids 0..255) but model.vocab = ",
-                        cfg.vocab, "; use vocab = 256 or a .bin file of uint16 tokens"));
+  const int w = loader.token_bytes();
+  const std::string file = cat("data.path: '", cfg.path, "'");
+  if (w == 1 && cfg.vocab < 256)
+    throw UserError(cat(file, " is read as raw bytes (token ids 0..255) but model.vocab = ", cfg.vocab,
+                        "; use vocab = 256, or a file of token ids: .u16.bin (or .bin) of uint16, "
+                        ".u32.bin of uint32"));
+  const int64_t bytes = loader.file_bytes();
+  if (bytes % w != 0) {
+    std::string why = w == 2 ? cat("the file is truncated, or it holds raw bytes: ", to_read_as(cfg, 1))
+                      : bytes % 2 == 0 ? cat("it would be a whole number of uint16 tokens: if it holds uint16 ids, ",
+                                             to_read_as(cfg, 2))
+                                       : std::string("the file is truncated or not a file of uint32 token ids");
+    throw UserError(cat(file, " is ", bytes, " bytes, not a whole number of ", w, "-byte tokens (", read_as(cfg, w),
+                        "); ", why));
+  }
   if (loader.num_tokens() < int64_t(cfg.seq_len) + 2)
-    throw UserError(cat("data.path: '", cfg.path, "' holds ", loader.num_tokens(), " tokens; model.seq_len = ",
-                        cfg.seq_len, " needs at least ", cfg.seq_len + 2));
-  if (u16) {
-    auto [max_tok, at] = loader.max_token();
-    if (max_tok >= cfg.vocab)
-      throw UserError(cat("data.path: '", cfg.path, "' holds token id ", max_tok, " at position ", at,
-                          ", not below model.vocab = ", cfg.vocab));
+    throw UserError(cat(file, " holds ", loader.num_tokens(), " tokens; model.seq_len = ", cfg.seq_len,
+                        " needs at least ", cfg.seq_len + 2));
+  if (w == 1) return;
+  const uint8_t* map = loader.map_;
+  if (w == 2) {
+    // uint32 ids below vocab have high halves of at most (vocab-1) >> 16: read as uint16, every second word is
+    // that small (0 for vocab <= 65536) while the low halves are not. Real uint16 token data is never like that.
+    const int64_t words = loader.num_tokens();
+    const uint32_t high = cfg.vocab > 0 ? uint32_t(cfg.vocab - 1) >> 16 : 0;
+    if (words >= 16 && words % 2 == 0 && odd_words_at_most(map, words, high)) {
+      uint32_t even_max = 0;
+      for (int64_t i = 0; i < words; i += 2) even_max = std::max(even_max, load<2>(map + 2 * i));
+      if (even_max > high)
+        throw UserError(cat(file, " looks like little-endian uint32 token ids ", read_as(cfg, 2),
+                            ": every second 16-bit word is ", high == 0 ? cat("0") : cat("at most ", high),
+                            ", as the high halves of uint32 ids below model.vocab = ", cfg.vocab, " would be; ",
+                            to_read_as(cfg, 4)));
+    }
+    // Named .bin, the file most likely lost its high halves; data.token_bytes = 2 says the ids are meant to fit.
+    if (cfg.vocab > 65536 && cfg.token_bytes == 0)
+      throw UserError(cat(file, " is ", read_as(cfg, 2), " but model.vocab = ", cfg.vocab,
+                          ": ids >= 65536 cannot be stored in a .bin of uint16; write the tokens as uint32 to a "
+                          ".u32.bin file (tools/tokens-to-bin.py does)"));
+  }
+  auto [max_tok, at] = loader.max_token();
+  if (max_tok >= cfg.vocab) {
+    std::string hint;
+    if (w == 4) {
+      // uint16 tokens read in pairs as uint32 make ids of (second token) * 65536 + (first): nearly all of them
+      // too large, while as uint16 every one would fit. A uint32 file with a few bad ids is not like that.
+      int64_t too_large = 0;
+      for (int64_t i = 0; i < loader.num_tokens(); ++i) too_large += load<4>(map + 4 * i) >= uint32_t(cfg.vocab);
+      if (2 * too_large > loader.num_tokens() && int64_t(max_of<2>(map, bytes / 2)) < cfg.vocab)
+        hint = cat("; ", too_large, " of its ", loader.num_tokens(), " ids are that large, but read as uint16 every "
+                   "id would be below model.vocab: if it holds uint16 ids, ", to_read_as(cfg, 2));
+      else
+        hint = "; the ids come from a larger vocabulary than this model's, or the file is not uint32 token ids";
+    }
+    throw UserError(cat(file, " holds token id ", max_tok, " at position ", at, ", not below model.vocab = ",
+                        cfg.vocab, " (", read_as(cfg, w), ")", hint));
   }
 }
 

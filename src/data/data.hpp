@@ -1,4 +1,4 @@
-// Training data: token files (raw bytes, vocab 256; or .bin of little-endian uint16 tokens) and a
+// Training data: token files (raw bytes; .bin/.u16.bin of little-endian uint16; .u32.bin of uint32) and a
 // synthetic classification task for the MLP. Every batch is a pure function of (seed, step, position
 // in the global batch), so any rank can produce exactly its slice of any step.
 #pragma once
@@ -17,10 +17,18 @@ struct DataConfig {
   uint64_t seed = 0;
   int batch = 0;            // global batch (sequences or samples)
   int d_in = 0, n_classes = 0;  // synthetic
+  // Bytes per token id: 0 takes it from the file name (.u32.bin: 4; .u16.bin or .bin: 2; else raw bytes, 1),
+  // or 1, 2 or 4 whatever the name.
+  int token_bytes = 0;
 };
 
-// Checks the data against the model before anything runs (file readable, long enough, tokens < vocab).
-// Throws UserError naming data.path.
+// The token width of cfg's file: cfg.token_bytes if set, else by the suffix of cfg.path. Throws UserError
+// for a token_bytes other than 0, 1, 2 or 4.
+int token_bytes_of(const DataConfig& cfg);
+
+// Checks the data against the model before anything runs: file readable, a whole number of tokens of its
+// width, long enough, every id < vocab, and not plainly of another width (uint32 ids read as uint16 or the
+// reverse). Throws UserError naming data.path, the file and what would be right.
 void validate_data(const DataConfig& cfg);
 
 class DataLoader {
@@ -38,16 +46,19 @@ class DataLoader {
   void labels(int64_t step, int first, int count, int32_t* out) const;
 
   int64_t num_tokens() const { return n_tokens_; }
-  std::pair<int32_t, int64_t> max_token() const;  // largest token id and its position
+  int64_t file_bytes() const { return int64_t(map_bytes_); }
+  int token_bytes() const { return width_; }
+  std::pair<int64_t, int64_t> max_token() const;  // largest token id and its first position; -1 if none
   // Start of sequence `index` of step `step` in the token stream.
   int64_t window_start(int64_t step, int index) const;
 
  private:
+  friend void validate_data(const DataConfig& cfg);
   int32_t token(int64_t pos) const;
   DataConfig cfg_;
   const uint8_t* map_ = nullptr;
   size_t map_bytes_ = 0;
-  bool u16_ = false;
+  int width_ = 1;
   int64_t n_tokens_ = 0;
 };
 

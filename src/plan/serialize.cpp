@@ -31,7 +31,8 @@ OptimizerConfig get_optimizer(ByteReader& r) {
 void put_data(ByteWriter& w, const DataConfig& d) {
   w.put(uint8_t(d.kind));
   w.put_string(d.path);
-  for (int x : {d.vocab, d.seq_len, int(d.sequential), d.batch, d.d_in, d.n_classes}) w.put<int32_t>(x);
+  for (int x : {d.vocab, d.seq_len, int(d.sequential), d.batch, d.d_in, d.n_classes, d.token_bytes})
+    w.put<int32_t>(x);
   w.put(d.seed);
 }
 
@@ -45,6 +46,7 @@ DataConfig get_data(ByteReader& r) {
   d.batch = r.get<int32_t>();
   d.d_in = r.get<int32_t>();
   d.n_classes = r.get<int32_t>();
+  d.token_bytes = r.get<int32_t>();
   d.seed = r.get<uint64_t>();
   return d;
 }

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "config/job.hpp"
 #include "data/data.hpp"
 #include "model/build.hpp"
+#include "plan/plan.hpp"
 #include "test_util.hpp"
 #include "util/error.hpp"
 
@@ -79,6 +81,26 @@ DataConfig token_config(const std::string& path, int T, int batch, uint64_t seed
   c.sequential = sequential;
   return c;
 }
+
+// Token ids as a file of `width`-byte little-endian words.
+std::vector<uint8_t> le_bytes(const std::vector<uint32_t>& ids, int width) {
+  std::vector<uint8_t> bytes;
+  for (uint32_t id : ids)
+    for (int b = 0; b < width; ++b) bytes.push_back(uint8_t(id >> (8 * b)));
+  return bytes;
+}
+
+// The message of the UserError validate_data throws, or "" if it accepts the data.
+std::string data_error(const DataConfig& cfg) {
+  try {
+    validate_data(cfg);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 std::vector<int32_t> rows(const std::vector<int32_t>& v, int T, int first, int count) {
   return std::vector<int32_t>(v.begin() + int64_t(first) * T, v.begin() + int64_t(first + count) * T);
@@ -314,6 +336,173 @@ TEST_CASE("uint16 .bin token files are read little-endian and validated against 
   CHECK_NOTHROW(validate_data(cfg));
   cfg.vocab = max_tok;  // one too small
   CHECK_THROWS_AS(validate_data(cfg), UserError);
+}
+
+TEST_CASE("uint32 .u32.bin token files carry ids above 65535 through inputs and targets", "[data]") {
+  const int n = 4000, T = 12, B = 5, vocab = 1 << 20;
+  std::vector<uint32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[size_t(i)] = uint32_t((int64_t(i) * 104729 + 65521) % vocab);
+  TempFile file("tokens.u32.bin", le_bytes(ids, 4));
+  DataConfig cfg = token_config(file.path.string(), T, B, 11, false);
+  cfg.vocab = vocab;
+  CHECK(token_bytes_of(cfg) == 4);
+  DataLoader loader(cfg);
+  CHECK(loader.num_tokens() == n);
+  const auto max_it = std::max_element(ids.begin(), ids.end());
+  CHECK(loader.max_token().first == int64_t(*max_it));
+  CHECK(loader.max_token().second == max_it - ids.begin());
+  std::vector<int32_t> in(size_t(B) * T), tgt(in.size());
+  bool ok = true, above_u16 = false;
+  for (int64_t step = 0; step < 3; ++step) {
+    loader.inputs(step, 0, B, in.data());
+    loader.targets(step, 0, B, tgt.data());
+    for (int i = 0; i < B; ++i) {
+      int64_t s = loader.window_start(step, i);
+      for (int t = 0; t < T; ++t) {
+        ok = ok && in[size_t(i) * T + t] == int32_t(ids[size_t(s + t)]);
+        ok = ok && tgt[size_t(i) * T + t] == int32_t(ids[size_t(s + t + 1)]);
+        above_u16 = above_u16 || in[size_t(i) * T + t] > 65535;
+      }
+    }
+  }
+  CHECK(ok);
+  CHECK(above_u16);
+  CHECK(data_error(cfg) == "");
+  // The width can be set whatever the name: the same bytes under a plain name read as uint32.
+  TempFile plain("tokens.dat", le_bytes(ids, 4));
+  DataConfig explicit_cfg = cfg;
+  explicit_cfg.path = plain.path.string();
+  CHECK(token_bytes_of(explicit_cfg) == 1);
+  explicit_cfg.token_bytes = 4;
+  CHECK(token_bytes_of(explicit_cfg) == 4);
+  DataLoader explicit_loader(explicit_cfg);
+  std::vector<int32_t> again(in.size());
+  explicit_loader.inputs(2, 0, B, again.data());
+  CHECK(again == in);
+  CHECK(data_error(explicit_cfg) == "");
+  explicit_cfg.token_bytes = 3;
+  CHECK(has(data_error(explicit_cfg), "data.token_bytes = 3: expected 1, 2 or 4"));
+}
+
+TEST_CASE("the token width comes from the file name: .u16.bin and .bin uint16, .u32.bin uint32, else bytes",
+          "[data]") {
+  DataConfig cfg = token_config("x", 8, 2, 1, false);
+  for (auto [name, width] : {std::pair<const char*, int>{"a.u16.bin", 2}, {"a.bin", 2}, {"a.u32.bin", 4},
+                             {"a.txt", 1}, {"a.u32", 1}, {"bin", 1}}) {
+    cfg.path = name;
+    INFO(name);
+    CHECK(token_bytes_of(cfg) == width);
+  }
+  // A .u16.bin file reads exactly as the same bytes named .bin.
+  std::vector<uint32_t> ids(500);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint32_t((i * 7919 + 13) % 40000);
+  TempFile u16("tokens.u16.bin", le_bytes(ids, 2)), bin("tokens.bin", le_bytes(ids, 2));
+  DataConfig a = token_config(u16.path.string(), 8, 2, 4, false), b = a;
+  b.path = bin.path.string();
+  a.vocab = b.vocab = 40000;
+  DataLoader la(a), lb(b);
+  CHECK(la.num_tokens() == int64_t(ids.size()));
+  std::vector<int32_t> xa(16), xb(16);
+  la.inputs(5, 0, 2, xa.data());
+  lb.inputs(5, 0, 2, xb.data());
+  CHECK(xa == xb);
+  CHECK(xa[0] == int32_t(ids[size_t(la.window_start(5, 0))]));
+  CHECK(data_error(a) == "");
+}
+
+TEST_CASE("a token file that is not a whole number of tokens is rejected with the right width", "[data]") {
+  std::vector<uint8_t> bytes = le_bytes(std::vector<uint32_t>(301, 7), 2);
+  bytes.pop_back();  // 601 bytes
+  TempFile odd("odd.bin", bytes);
+  DataConfig cfg = token_config(odd.path.string(), 8, 2, 1, false);
+  std::string e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "data.path: '" + cfg.path + "' is 601 bytes, not a whole number of 2-byte tokens"));
+  CHECK(has(e, "by its .bin suffix"));
+  CHECK(has(e, "give it a name that does not end in .bin"));
+  // 602 bytes named .u32.bin: a whole number of uint16 words, so the message suggests .u16.bin.
+  TempFile half("half.u32.bin", le_bytes(std::vector<uint32_t>(301, 7), 2));
+  cfg.path = half.path.string();
+  e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "is 602 bytes, not a whole number of 4-byte tokens"));
+  CHECK(has(e, "name it .u16.bin"));
+}
+
+TEST_CASE("uint16 files cannot serve a vocabulary above 65536, and uint32 ids read as uint16 are caught",
+          "[data]") {
+  std::vector<uint32_t> ids(1000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint32_t((i * 7919 + 13) % 60000);
+  TempFile u16("big_vocab.bin", le_bytes(ids, 2));
+  DataConfig cfg = token_config(u16.path.string(), 8, 2, 1, false);
+  cfg.vocab = 100000;
+  std::string e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "data.path: '" + cfg.path + "'"));
+  CHECK(has(e, "model.vocab = 100000"));
+  CHECK(has(e, "ids >= 65536 cannot be stored in a .bin of uint16"));
+  CHECK(has(e, ".u32.bin"));
+  // Set explicitly, the width is trusted: the ids fit the larger vocabulary.
+  cfg.token_bytes = 2;
+  CHECK(data_error(cfg) == "");
+
+  // uint32 ids (some above 65535) in a file named .bin: every second uint16 word is a small high half.
+  for (auto& id : ids) id += 70000;
+  TempFile misnamed("misnamed.bin", le_bytes(ids, 4));
+  cfg.path = misnamed.path.string();
+  cfg.token_bytes = 0;
+  cfg.vocab = 140000;
+  e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "looks like little-endian uint32 token ids"));
+  CHECK(has(e, "every second 16-bit word is at most 2"));
+  CHECK(has(e, "name it .u32.bin"));
+  // The same with ids below 65536 and a vocabulary uint16 can hold: the high halves are all 0.
+  for (auto& id : ids) id -= 70000;
+  TempFile small_ids("small_ids.bin", le_bytes(ids, 4));
+  cfg.path = small_ids.path.string();
+  cfg.vocab = 60000;
+  e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "every second 16-bit word is 0"));
+  CHECK(has(e, "name it .u32.bin"));
+}
+
+TEST_CASE("an id not below the vocabulary in a uint32 file is rejected with its value and position", "[data]") {
+  std::vector<uint32_t> ids(800, 5);
+  ids[123] = 3000000000u;  // above INT32_MAX too
+  ids[500] = 3000000000u;
+  TempFile file("ids.u32.bin", le_bytes(ids, 4));
+  DataConfig cfg = token_config(file.path.string(), 8, 2, 1, false);
+  cfg.vocab = 200000;
+  std::string e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "data.path: '" + cfg.path + "' holds token id 3000000000 at position 123, not below model.vocab = "
+               "200000 (read as little-endian uint32 by its .u32.bin suffix)"));
+  CHECK(has(e, "a larger vocabulary than this model's"));
+  CHECK(!has(e, ".u16.bin"));  // two bad ids of 800: not a uint16 file
+  // uint16 tokens in a .u32.bin: pairs read as one id are too large, and as uint16 they would fit.
+  std::vector<uint32_t> words(800);
+  for (size_t i = 0; i < words.size(); ++i) words[i] = uint32_t(1 + (i * 31) % 1000);
+  TempFile u16("really_u16.u32.bin", le_bytes(words, 2));
+  cfg.path = u16.path.string();
+  cfg.vocab = 1000 + 1;
+  e = data_error(cfg);
+  INFO(e);
+  CHECK(has(e, "400 of its 400 ids are that large, but read as uint16 every id would be below model.vocab: "
+               "if it holds uint16 ids, name it .u16.bin"));
+}
+
+TEST_CASE("the plan carries the data token width to every rank", "[data]") {
+  Plan p;
+  p.data.path = "t.u32.bin";
+  p.data.token_bytes = 4;
+  p.data.n_classes = 3;
+  const auto bytes = serialize_plan(p);
+  Plan q = deserialize_plan(bytes.data(), bytes.size());
+  CHECK(q.data.path == "t.u32.bin");
+  CHECK(q.data.token_bytes == 4);
+  CHECK(q.data.n_classes == 3);
 }
 
 TEST_CASE("synthetic features and labels are deterministic, sliceable and in range", "[data]") {
