@@ -46,6 +46,7 @@ JobSpec load_and_check(const CliOptions& opts, int world) {
     DataConfig d;
     d.kind = DataConfig::Kind::Tokens;
     d.path = spec.data.path;
+    d.token_bytes = spec.data.token_bytes;
     d.vocab = spec.model.vocab;
     d.seq_len = spec.model.seq_len;
     d.batch = spec.data.batch;

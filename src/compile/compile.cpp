@@ -27,6 +27,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   DataConfig& d = p.data;
   d.kind = m.reads_tokens ? DataConfig::Kind::Tokens : DataConfig::Kind::Synthetic;
   d.path = spec.data.path;
+  d.token_bytes = spec.data.token_bytes;
   d.vocab = spec.model.vocab;
   d.seq_len = spec.model.seq_len;
   d.sequential = spec.data.sampler == "sequential";

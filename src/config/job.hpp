@@ -51,6 +51,7 @@ struct DataSpec {
   std::string path;               // a token file; empty for families trained on a synthetic task
   int batch = 16;                 // global batch, sequences (or samples) per step
   std::string sampler = "random";  // random | sequential
+  int token_bytes = 0;            // bytes per token id: 0 = by the file name (.u32.bin, .u16.bin/.bin, else raw bytes)
 };
 
 using OptimizerSpec = OptimizerConfig;

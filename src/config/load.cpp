@@ -134,6 +134,8 @@ void load_data(TomlReader& r, DataSpec& d, const ModelSpec& m) {
   d.path = r.get_string("path", d.path);
   d.batch = int(r.get_int("batch", d.batch, 1, 1 << 24));
   d.sampler = r.get_string("sampler", d.sampler, {"random", "sequential"});
+  d.token_bytes = int(r.get_int("token_bytes", d.token_bytes, 0, 4));
+  if (d.token_bytes == 3) r.error_msg("token_bytes", "expected 1, 2 or 4 bytes per token id (or 0: by the file name)");
   r.finish();
   if (find_family(m.kind)->reads_tokens) {
     if (d.path.empty())
