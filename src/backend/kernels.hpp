@@ -55,6 +55,42 @@ class Kernels {
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C,
                                   int V, bool accumulate_wte, bool accumulate_wpe) = 0;
 
+  // ---- RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, token embedding ----
+  // y(N,C) = x * rstd * w with rstd(N) = 1 / sqrt(mean_c x² + eps), kept for the backward. y may not alias x.
+  virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
+  // dx(N,C) (+)= d/dx of rmsnorm given dy(N,C)
+  virtual void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
+                                      int N, int C, bool accumulate) = 0;
+  // dw(C) (+)= Σ_rows dy * x * rstd
+  virtual void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                                       bool accumulate) = 0;
+  // Rotary position embedding in place on x(B,T,H,D), rotate-half convention (Hugging Face Llama/Qwen): for
+  // position t and i < D/2, angle a = t · inv_freq_i with inv_freq_i = 1 / theta^(2i/D) (computed in float as
+  // torch does), (x_i, x_{i+D/2}) → (x_i cos a − x_{i+D/2} sin a, x_{i+D/2} cos a + x_i sin a).
+  // inverse = true rotates by −a: the backward (transpose) of the forward.
+  virtual void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) = 0;
+  // Causal grouped-query attention scaled by D^-1/2: q(B,T,H,D), k(B,T,KV,D), v(B,T,KV,D) → y(B,T,H,D);
+  // query head h reads key/value head h / (H/KV). lse(B,H,T) = log Σ_j exp(score) of each query row, for the
+  // backward. Never holds more than one (rows × T) tile of scores per (sequence, head) at a time; skips the
+  // masked (upper) half of the work.
+  virtual void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
+                                     int T, int H, int KV, int D) = 0;
+  // dq(B,T,H,D), dk(B,T,KV,D), dv(B,T,KV,D) written (not accumulated) from dy(B,T,H,D); probabilities are
+  // recomputed from q, k and lse; y is the forward output. scratch: gqa_attention_scratch_floats(...) floats.
+  virtual void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
+                                      const float* k, const float* v, const float* y, const float* lse,
+                                      float* scratch, int B, int T, int H, int KV, int D) = 0;
+  virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
+  // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x)
+  virtual void swiglu_forward(float* a, const float* g, const float* u, size_t n) = 0;
+  // dg(n) = da * u * silu'(g), du(n) = da * silu(g); no aliasing between outputs and inputs
+  virtual void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) = 0;
+  // x(N,C) = w[tok] (rows of w(V,C))
+  virtual void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) = 0;
+  // dw(V,C) (+)= scatter-add of dx(N,C) rows by token (repeated tokens sum); accumulate=false zeroes dw first
+  virtual void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
+                                        bool accumulate) = 0;
+
   // probs(N,V) = softmax(logits); *loss_sum += scale * Σ_rows -log probs[target]. loss_sum is device memory.
   // probs may alias logits (in place).
   virtual void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets,

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -354,6 +355,168 @@ TEST_CASE("cuda: elementwise, sum of squares and AdamW match the CPU", "[cuda]")
     check_close(to_host<float>(*be, gp, n), want_p, 1e-5, "adamw param");
     check_close(to_host<float>(*be, gm, n), want_m, 1e-5, "adamw m");
     check_close(to_host<float>(*be, gv, n), want_v, 1e-5, "adamw v");
+  }
+}
+
+TEST_CASE("cuda: rmsnorm matches the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(7);
+  const float eps = 1e-6f;
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{300, 1000}, std::pair{5, 2048}}) {
+    std::string shape = "N=" + std::to_string(N) + " C=" + std::to_string(C);
+    auto x = uniform(gen, size_t(N) * C, -2.f, 3.f), w = uniform(gen, C, 0.5f, 1.5f);
+    auto dy = uniform(gen, size_t(N) * C), prior = uniform(gen, size_t(N) * C), prior_w = uniform(gen, C);
+    auto gx = to_device(*be, x), gw = to_device(*be, w), gdy = to_device(*be, dy);
+    DeviceArray y(*be, sizeof(float) * N * C), rstd(*be, sizeof(float) * N);
+    std::vector<float> want_y(size_t(N) * C), want_rstd(N);
+    g.rmsnorm_forward(y.f(), rstd.f(), gx.f(), gw.f(), N, C, eps);
+    c.rmsnorm_forward(want_y.data(), want_rstd.data(), x.data(), w.data(), N, C, eps);
+    check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-5, "rmsnorm_forward y " + shape);
+    check_close(to_host<float>(*be, rstd, N), want_rstd, 1e-5, "rmsnorm_forward rstd " + shape);
+    auto grstd = to_device(*be, want_rstd);  // both sides differentiate at the CPU statistics
+    for (bool acc : {false, true}) {
+      auto gdx = to_device(*be, prior);
+      std::vector<float> want = prior;
+      g.rmsnorm_backward_input(gdx.f(), gdy.f(), gx.f(), grstd.f(), gw.f(), N, C, acc);
+      c.rmsnorm_backward_input(want.data(), dy.data(), x.data(), want_rstd.data(), w.data(), N, C, acc);
+      check_close(to_host<float>(*be, gdx, want.size()), want, 1e-4, "rmsnorm_backward_input " + shape);
+      auto gdw = to_device(*be, prior_w);
+      std::vector<float> want_dw = prior_w;
+      g.rmsnorm_backward_weight(gdw.f(), gdy.f(), gx.f(), grstd.f(), N, C, acc);
+      c.rmsnorm_backward_weight(want_dw.data(), dy.data(), x.data(), want_rstd.data(), N, C, acc);
+      auto got_dw = to_host<float>(*be, gdw, C);
+      check_close(got_dw, want_dw, 1e-4, "rmsnorm_backward_weight " + shape);
+      auto again = to_device(*be, prior_w);  // the same bits again: no atomics
+      g.rmsnorm_backward_weight(again.f(), gdy.f(), gx.f(), grstd.f(), N, C, acc);
+      CHECK(to_host<float>(*be, again, C) == got_dw);
+    }
+  }
+}
+
+TEST_CASE("cuda: rope matches the CPU, forward and inverse", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(8);
+  struct Shape { int B, T, H, D; float theta; };
+  for (Shape s : {Shape{2, 70, 4, 64, 10000.f}, Shape{1, 4096, 2, 128, 1e6f}, Shape{3, 5, 1, 6, 500.f}}) {
+    std::string shape = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
+                        " D=" + std::to_string(s.D);
+    auto x = uniform(gen, size_t(s.B) * s.T * s.H * s.D);
+    for (bool inverse : {false, true}) {
+      auto gx = to_device(*be, x);
+      std::vector<float> want = x;
+      g.rope(gx.f(), s.B, s.T, s.H, s.D, s.theta, inverse);
+      c.rope(want.data(), s.B, s.T, s.H, s.D, s.theta, inverse);
+      check_close(to_host<float>(*be, gx, want.size()), want, 1e-5,
+                  std::string(inverse ? "rope inverse " : "rope ") + shape);
+    }
+  }
+}
+
+TEST_CASE("cuda: swiglu matches the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(9);
+  for (size_t n : {size_t(37), size_t(100003)}) {
+    std::string shape = "n=" + std::to_string(n);
+    auto gate = uniform(gen, n, -20.f, 20.f), up = uniform(gen, n), da = uniform(gen, n);
+    auto ggate = to_device(*be, gate), gup = to_device(*be, up), gda = to_device(*be, da);
+    DeviceArray a(*be, sizeof(float) * n), dg(*be, sizeof(float) * n), du(*be, sizeof(float) * n);
+    std::vector<float> want_a(n), want_dg(n), want_du(n);
+    g.swiglu_forward(a.f(), ggate.f(), gup.f(), n);
+    c.swiglu_forward(want_a.data(), gate.data(), up.data(), n);
+    check_close(to_host<float>(*be, a, n), want_a, 1e-5, "swiglu_forward " + shape);
+    g.swiglu_backward(dg.f(), du.f(), gda.f(), ggate.f(), gup.f(), n);
+    c.swiglu_backward(want_dg.data(), want_du.data(), da.data(), gate.data(), up.data(), n);
+    check_close(to_host<float>(*be, dg, n), want_dg, 1e-5, "swiglu_backward dg " + shape);
+    check_close(to_host<float>(*be, du, n), want_du, 1e-5, "swiglu_backward du " + shape);
+  }
+}
+
+TEST_CASE("cuda: token embedding matches the CPU and is deterministic", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(10);
+  for (auto [N, C, V] : {std::tuple{60, 40, 300}, std::tuple{1000, 96, 5000}}) {
+    std::string shape = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V);
+    auto tok = tokens(gen, size_t(N), V);
+    for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 7;  // a frequent token: many rows scatter into one
+    auto w = uniform(gen, size_t(V) * C), dx = uniform(gen, size_t(N) * C), prior = uniform(gen, size_t(V) * C);
+    auto gtok = to_device(*be, tok), gw = to_device(*be, w), gdx = to_device(*be, dx);
+    DeviceArray x(*be, sizeof(float) * N * C);
+    std::vector<float> want_x(size_t(N) * C);
+    g.token_embedding_forward(x.f(), gtok.i(), gw.f(), N, C);
+    c.token_embedding_forward(want_x.data(), tok.data(), w.data(), N, C);
+    CHECK(to_host<float>(*be, x, want_x.size()) == want_x);  // a gather is exact
+    for (bool acc : {false, true}) {
+      auto dw = to_device(*be, prior);
+      std::vector<float> want = prior;
+      g.token_embedding_backward(dw.f(), gdx.f(), gtok.i(), N, C, V, acc);
+      c.token_embedding_backward(want.data(), dx.data(), tok.data(), N, C, V, acc);
+      auto got = to_host<float>(*be, dw, want.size());
+      check_close(got, want, 1e-5, std::string("token_embedding_backward ") + (acc ? "accumulate " : "") + shape);
+      auto again = to_device(*be, prior);
+      g.token_embedding_backward(again.f(), gdx.f(), gtok.i(), N, C, V, acc);
+      CHECK(to_host<float>(*be, again, want.size()) == got);
+    }
+  }
+}
+
+TEST_CASE("cuda: grouped-query attention matches the CPU and is deterministic", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(11);
+  struct Shape { int B, T, H, KV, D; };
+  // grouped, single key/value head, multi-head with an odd head size, and D = 256 (over 48 KiB of shared memory)
+  for (Shape s : {Shape{2, 70, 4, 2, 64}, Shape{1, 130, 2, 1, 128}, Shape{2, 33, 3, 3, 40}, Shape{1, 45, 2, 1, 256},
+                  Shape{1, 1, 2, 2, 16}}) {
+    std::string shape = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
+                        " KV=" + std::to_string(s.KV) + " D=" + std::to_string(s.D);
+    const size_t nq = size_t(s.B) * s.T * s.H * s.D, nk = size_t(s.B) * s.T * s.KV * s.D;
+    const size_t nl = size_t(s.B) * s.H * s.T;
+    auto q = uniform(gen, nq, -2.f, 2.f), k = uniform(gen, nk, -2.f, 2.f), v = uniform(gen, nk);
+    auto dy = uniform(gen, nq);
+    auto gq = to_device(*be, q), gk = to_device(*be, k), gv = to_device(*be, v), gdy = to_device(*be, dy);
+    DeviceArray y(*be, sizeof(float) * nq), lse(*be, sizeof(float) * nl);
+    std::vector<float> want_y(nq), want_lse(nl);
+    g.gqa_attention_forward(y.f(), lse.f(), gq.f(), gk.f(), gv.f(), s.B, s.T, s.H, s.KV, s.D);
+    c.gqa_attention_forward(want_y.data(), want_lse.data(), q.data(), k.data(), v.data(), s.B, s.T, s.H, s.KV, s.D);
+    check_close(to_host<float>(*be, y, nq), want_y, 1e-4, "gqa_attention_forward y " + shape);
+    check_close(to_host<float>(*be, lse, nl), want_lse, 1e-5, "gqa_attention_forward lse " + shape);
+
+    // backward from the CPU forward's y and lse, so both sides differentiate the same point
+    auto cy = to_device(*be, want_y), clse = to_device(*be, want_lse);
+    DeviceArray scratch(*be, sizeof(float) * be->kernels().gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+    auto dq = to_device(*be, std::vector<float>(nq, 1e3f)), dk = to_device(*be, std::vector<float>(nk, 1e3f)),
+         dv = to_device(*be, std::vector<float>(nk, 1e3f));  // written, not accumulated
+    std::vector<float> want_dq(nq), want_dk(nk), want_dv(nk);
+    std::vector<float> cpu_scratch(c.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+    g.gqa_attention_backward(dq.f(), dk.f(), dv.f(), gdy.f(), gq.f(), gk.f(), gv.f(), cy.f(), clse.f(), scratch.f(),
+                             s.B, s.T, s.H, s.KV, s.D);
+    c.gqa_attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), dy.data(), q.data(), k.data(), v.data(),
+                             want_y.data(), want_lse.data(), cpu_scratch.data(), s.B, s.T, s.H, s.KV, s.D);
+    auto got_dq = to_host<float>(*be, dq, nq), got_dk = to_host<float>(*be, dk, nk),
+         got_dv = to_host<float>(*be, dv, nk);
+    check_close(got_dq, want_dq, 1e-3, "gqa_attention_backward dq " + shape);
+    check_close(got_dk, want_dk, 1e-3, "gqa_attention_backward dk " + shape);
+    check_close(got_dv, want_dv, 1e-3, "gqa_attention_backward dv " + shape);
+    // the same call again gives the same bits
+    g.gqa_attention_backward(dq.f(), dk.f(), dv.f(), gdy.f(), gq.f(), gk.f(), gv.f(), cy.f(), clse.f(), scratch.f(),
+                             s.B, s.T, s.H, s.KV, s.D);
+    CHECK(to_host<float>(*be, dq, nq) == got_dq);
+    CHECK(to_host<float>(*be, dk, nk) == got_dk);
+    CHECK(to_host<float>(*be, dv, nk) == got_dv);
   }
 }
 

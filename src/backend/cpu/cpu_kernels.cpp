@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -18,26 +19,8 @@ namespace piper {
 
 namespace {
 
-// Runs fn(begin, end) over [0, n) in `chunks` fixed pieces, on up to `threads` threads.
-// Fixed chunk boundaries keep reductions independent of scheduling.
-template <typename Fn>
-void for_chunks(size_t n, size_t chunks, int threads, Fn fn) {
-  if (n == 0) return;
-  chunks = std::max<size_t>(1, std::min(chunks, n));
-  if (threads <= 1 || chunks == 1) {
-    for (size_t c = 0; c < chunks; ++c) fn(c, n * c / chunks, n * (c + 1) / chunks);
-    return;
-  }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (size_t c = 0; c < chunks; ++c) fn(c, n * c / chunks, n * (c + 1) / chunks);
-}
-
-// Splits elementwise work into about one piece per thread when it is big enough to be worth it.
-template <typename Fn>
-void for_range(size_t n, int threads, Fn fn) {
-  size_t pieces = n < 32768 ? 1 : size_t(threads);
-  for_chunks(n, pieces, threads, [&](size_t, size_t b, size_t e) { fn(b, e); });
-}
+using cpu::for_chunks;
+using cpu::for_range;
 
 constexpr size_t kReduceChunks = 64;
 

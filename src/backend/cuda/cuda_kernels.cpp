@@ -163,6 +163,67 @@ void CudaKernels::embedding_backward(float* dwte, float* dwpe, const float* dx, 
   cuda::embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe, t.stream.stream());
 }
 
+void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+  Target t = target();
+  cuda::rmsnorm_forward(y, rstd, x, w, N, C, eps, t.stream.stream());
+}
+
+void CudaKernels::rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
+                                         int N, int C, bool accumulate) {
+  Target t = target();
+  cuda::rmsnorm_backward_input(dx, dy, x, rstd, w, N, C, accumulate, t.stream.stream());
+}
+
+void CudaKernels::rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                                          bool accumulate) {
+  Target t = target();
+  auto* partial = static_cast<float*>(t.stream.workspace(sizeof(float) * size_t(cuda::column_chunks(N)) * C));
+  cuda::rmsnorm_backward_weight(dw, dy, x, rstd, N, C, accumulate, partial, t.stream.stream());
+}
+
+void CudaKernels::rope(float* x, int B, int T, int H, int D, float theta, bool inverse) {
+  Target t = target();
+  cuda::rope(x, B, T, H, D, theta, inverse, t.stream.stream());
+}
+
+void CudaKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
+                                        int T, int H, int KV, int D) {
+  Target t = target();
+  cuda::gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D, t.stream.stream());
+}
+
+size_t CudaKernels::gqa_attention_scratch_floats(int B, int T, int H, int, int) const {
+  return size_t(B) * H * T;  // dy · y of every query row
+}
+
+void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
+                                         const float* k, const float* v, const float* y, const float* lse,
+                                         float* scratch, int B, int T, int H, int KV, int D) {
+  Target t = target();
+  cuda::gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
+}
+
+void CudaKernels::swiglu_forward(float* a, const float* g, const float* u, size_t n) {
+  Target t = target();
+  cuda::swiglu_forward(a, g, u, n, t.stream.stream());
+}
+
+void CudaKernels::swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) {
+  Target t = target();
+  cuda::swiglu_backward(dg, du, da, g, u, n, t.stream.stream());
+}
+
+void CudaKernels::token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) {
+  Target t = target();
+  cuda::token_embedding_forward(x, tok, w, N, C, t.stream.stream());
+}
+
+void CudaKernels::token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
+                                           bool accumulate) {
+  Target t = target();
+  cuda::token_embedding_backward(dw, dx, tok, N, C, V, accumulate, t.stream.stream());
+}
+
 void CudaKernels::softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets,
                                        int N, int V, float scale) {
   Target t = target();

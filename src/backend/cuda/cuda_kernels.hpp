@@ -42,6 +42,23 @@ class CudaKernels final : public Kernels {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                           bool accumulate_wte, bool accumulate_wpe) override;
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) override;
+  void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+                              int C, bool accumulate) override;
+  void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                               bool accumulate) override;
+  void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) override;
+  void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
+                             int H, int KV, int D) override;
+  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
+                              const float* v, const float* y, const float* lse, float* scratch, int B, int T, int H,
+                              int KV, int D) override;
+  size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override;
+  void swiglu_forward(float* a, const float* g, const float* u, size_t n) override;
+  void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) override;
+  void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) override;
+  void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
+                                bool accumulate) override;
   void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
                             float scale) override;
   void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,

@@ -47,11 +47,42 @@ void causal_softmax_forward(float* att, int64_t rows, int T, cudaStream_t s);
 // dP(rows,T) → dS = P ⊙ (dP − Σ_j P·dP) over [0,t], zeros after; in place on dP.
 void causal_softmax_backward(float* dp, const float* p, int64_t rows, int T, cudaStream_t s);
 
+// ---- rmsnorm_rope_swiglu_kernels.cu ----
+// y(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(mean x² + eps); one block per row
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s);
+// dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C); one block per row
+void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+                            int C, bool accumulate, cudaStream_t s);
+// dw(C) (+)= Σ_rows dy·x·rstd, deterministic column sums; partial: column_chunks(N)·C floats
+void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                             bool accumulate, float* partial, cudaStream_t s);
+// Rotate-half rotary embedding in place on x(B,T,H,D); inverse rotates by the negative angle
+void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, cudaStream_t s);
+// a(n) = silu(g) * u
+void swiglu_forward(float* a, const float* g, const float* u, size_t n, cudaStream_t s);
+// dg(n) = da * u * silu'(g), du(n) = da * silu(g)
+void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n,
+                     cudaStream_t s);
+
+// ---- gqa_attention_kernels.cu ----
+// Causal grouped-query attention: q(B,T,H,D), k, v(B,T,KV,D) → y(B,T,H,D), lse(B,H,T). D ≤ 256.
+void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T, int H,
+                           int KV, int D, cudaStream_t s);
+// dq(B,T,H,D), dk, dv(B,T,KV,D) written from dy(B,T,H,D); drow: B·H·T floats of scratch (dy·y per query row)
+void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
+                            const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
+                            int KV, int D, cudaStream_t s);
+
 // ---- embed_loss_optim_kernels.cu ----
 void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T, int C,
                        cudaStream_t s);
 void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                         bool accumulate_wte, bool accumulate_wpe, cudaStream_t s);
+// x(N,C) = w[tok] (rows of w(V,C))
+void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, cudaStream_t s);
+// dw(V,C) (+)= scatter-add of dx(N,C) rows by token, rows added in order (deterministic)
+void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
+                              cudaStream_t s);
 // probs(N,V) = softmax(logits) (may alias); row_loss(N) = -log probs[target]; *loss_sum += scale·Σ row_loss.
 void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
                           float scale, double* row_loss, cudaStream_t s);

@@ -1,5 +1,5 @@
-// Embedding forward/backward, softmax cross-entropy, the gradient-norm reduction and AdamW. Every
-// reduction runs in a fixed order (no float atomics), so results repeat bit for bit from run to run.
+// Embeddings (token + position, and token only) forward/backward, softmax cross-entropy, the gradient-norm
+// reduction and AdamW. Every reduction runs in a fixed order (no float atomics), so results repeat bit for bit.
 #include <cmath>
 
 #include "backend/cuda/cuda_common.hpp"
@@ -19,6 +19,13 @@ __global__ void embedding_forward_kernel(float* x, const int32_t* tok, const flo
   if (c >= C) return;
   for (int r = blockIdx.y; r < rows; r += gridDim.y)
     x[int64_t(r) * C + c] = wte[int64_t(tok[r]) * C + c] + wpe[int64_t(r % T) * C + c];
+}
+
+// x(rows,C) = w[tok[r]]: columns over x, rows grid-strided over y.
+__global__ void token_embedding_forward_kernel(float* x, const int32_t* tok, const float* w, int rows, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) x[int64_t(r) * C + c] = w[int64_t(tok[r]) * C + c];
 }
 
 // dwte(V,C) (+)= scatter of dx(rows,C) by token. One warp per block owns 32 columns of kVocabRows
@@ -155,6 +162,22 @@ void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t
     embedding_backward_wpe_kernel<<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, dx, B, T, C, accumulate_wpe);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  dim3 grid((C + 255) / 256, grid_rows(N));
+  token_embedding_forward_kernel<<<grid, 256, 0, s>>>(x, tok, w, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
+                              cudaStream_t s) {
+  if (C <= 0 || V <= 0) return;
+  // The wte scatter of embedding_backward: every (column tile, vocabulary tile) scans the tokens in row order.
+  dim3 grid((C + 31) / 32, (V + kVocabRows - 1) / kVocabRows);
+  embedding_backward_wte_kernel<<<grid, 32, 0, s>>>(dw, dx, tok, N > 0 ? N : 0, C, V, accumulate);
+  CUDA_CHECK_LAUNCH();
 }
 
 void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,

@@ -1,0 +1,153 @@
+// CPU kernels of the Llama-style (Qwen3) transformer besides attention: RMSNorm, rotary position embedding,
+// SwiGLU and the plain token embedding. Row work is split in fixed chunks, so results do not depend on threads.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.hpp"
+#include "backend/cpu/cpu_parallel.hpp"
+#include "backend/cpu/vec_math.hpp"
+
+namespace piper {
+
+using cpu::for_chunks;
+using cpu::for_range;
+
+void CpuKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r) {
+      const float* __restrict xr = x + r * C;  // (C)
+      float* __restrict yr = y + r * C;        // (C)
+      float ss = 0.f;
+      for (int i = 0; i < C; ++i) ss += xr[i] * xr[i];
+      const float rs = 1.0f / std::sqrt(ss / C + eps);
+      for (int i = 0; i < C; ++i) yr[i] = xr[i] * rs * w[i];
+      rstd[r] = rs;
+    }
+  });
+}
+
+void CpuKernels::rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
+                                        int N, int C, bool accumulate) {
+  // y_i = x_i rs w_i, rs = (Σ x² / C + eps)^-1/2: dx_i = rs (dy_i w_i − x_i rs² Σ_j dy_j w_j x_j / C)
+  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r) {
+      const float* __restrict xr = x + r * C;   // (C)
+      const float* __restrict gr = dy + r * C;  // (C)
+      float* __restrict dr = dx + r * C;        // (C)
+      const float rs = rstd[r];
+      float dot = 0.f;
+      for (int i = 0; i < C; ++i) dot += gr[i] * w[i] * xr[i];
+      const float k = rs * rs * dot / C;
+      if (accumulate)
+        for (int i = 0; i < C; ++i) dr[i] += rs * (gr[i] * w[i] - xr[i] * k);
+      else
+        for (int i = 0; i < C; ++i) dr[i] = rs * (gr[i] * w[i] - xr[i] * k);
+    }
+  });
+}
+
+void CpuKernels::rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                                         bool accumulate) {
+  // Columns are split across threads; each column sums its rows in row order.
+  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+    float* __restrict gw = dw;  // (C)
+    if (!accumulate)
+      for (size_t c = c0; c < c1; ++c) gw[c] = 0.f;
+    for (int r = 0; r < N; ++r) {
+      const float* __restrict xr = x + int64_t(r) * C;   // (C)
+      const float* __restrict gr = dy + int64_t(r) * C;  // (C)
+      const float rs = rstd[r];
+      for (size_t c = c0; c < c1; ++c) gw[c] += gr[c] * xr[c] * rs;
+    }
+  });
+}
+
+void CpuKernels::rope(float* x, int B, int T, int H, int D, float theta, bool inverse) {
+  const int half = D / 2;
+  if (B <= 0 || T <= 0 || H <= 0 || half <= 0) return;
+  // inv_freq(D/2) as torch computes it in float: the exponent float(2i) / D, the power and its reciprocal each
+  // rounded to float (the power taken in double and rounded once, as the CUDA backend does); then
+  // angle = float(t) · inv_freq in float.
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i)
+    inv_freq[size_t(i)] = 1.0f / float(std::pow(double(theta), double(float(2 * i) / float(D))));
+  // cos_t(T, D/2), sin_t(T, D/2): the float angle's cosine and sine, rounded once; sine negated for inverse.
+  std::vector<float> table(2 * size_t(T) * half);
+  float* cos_t = table.data();
+  float* sin_t = table.data() + size_t(T) * half;
+  const double sign = inverse ? -1.0 : 1.0;
+  for_range(size_t(T) * half, threads_, [&](size_t e0, size_t e1) {
+    for (size_t e = e0; e < e1; ++e) {
+      const float a = float(e / size_t(half)) * inv_freq[e % size_t(half)];
+      cos_t[e] = float(std::cos(double(a)));
+      sin_t[e] = float(sign * std::sin(double(a)));
+    }
+  });
+  // x(B,T,H,D): row r = (b·T + t)·H + h; rows split across threads.
+  for_range(size_t(B) * T * H * D, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / D; r < e1 / D; ++r) {
+      const size_t t = (r / size_t(H)) % size_t(T);
+      const float* __restrict c = cos_t + t * half;  // (D/2)
+      const float* __restrict s = sin_t + t * half;  // (D/2)
+      float* __restrict lo = x + r * D;              // x_i, i < D/2
+      float* __restrict hi = lo + half;              // x_{i+D/2}
+      for (int i = 0; i < half; ++i) {
+        const float x1 = lo[i], x2 = hi[i];
+        lo[i] = x1 * c[i] - x2 * s[i];
+        hi[i] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  });
+}
+
+void CpuKernels::swiglu_forward(float* a, const float* g, const float* u, size_t n) {
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    float* __restrict out = a;
+    const float* __restrict gate = g;
+    const float* __restrict up = u;
+    for (size_t i = e0; i < e1; ++i) {
+      const float sig = 1.0f / (1.0f + vec::exp_approx(-gate[i]));
+      out[i] = gate[i] * sig * up[i];
+    }
+  });
+}
+
+void CpuKernels::swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) {
+  // silu'(g) = σ(g) (1 + g (1 − σ(g)))
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    float* __restrict dgate = dg;
+    float* __restrict dup = du;
+    const float* __restrict grad = da;
+    const float* __restrict gate = g;
+    const float* __restrict up = u;
+    for (size_t i = e0; i < e1; ++i) {
+      const float x = gate[i];
+      const float sig = 1.0f / (1.0f + vec::exp_approx(-x));
+      dgate[i] = grad[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+      dup[i] = grad[i] * x * sig;
+    }
+  });
+}
+
+void CpuKernels::token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) {
+  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r)  // x row r(C) = w row tok[r](C)
+      std::memcpy(x + r * C, w + int64_t(tok[r]) * C, sizeof(float) * size_t(C));
+  });
+}
+
+void CpuKernels::token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
+                                          bool accumulate) {
+  if (!accumulate) fill(dw, 0.f, size_t(V) * C);  // dw(V,C)
+  // Columns are split across threads, so repeated tokens never race; rows are added in order.
+  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+    for (int64_t r = 0; r < N; ++r) {
+      const float* __restrict g = dx + r * C;               // (C)
+      float* __restrict out = dw + int64_t(tok[r]) * C;  // (C)
+      for (size_t c = c0; c < c1; ++c) out[c] += g[c];
+    }
+  });
+}
+
+}  // namespace piper

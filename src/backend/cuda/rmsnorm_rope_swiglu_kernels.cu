@@ -1,0 +1,157 @@
+// CUDA kernels of the Llama-style (Qwen3) transformer besides attention and embeddings: RMSNorm (one block per
+// row, weight gradient as deterministic column sums), rotary position embedding and SwiGLU (elementwise).
+#include <cmath>
+
+#include "backend/cuda/cuda_common.hpp"
+#include "backend/cuda/cuda_launch.hpp"
+#include "backend/cuda/device_utils.cuh"
+
+namespace piper::cuda {
+
+namespace {
+
+constexpr int kColumnTile = 32;
+constexpr int kRowLanes = 8;
+
+// One block per row: y(N,C) = x * rstd * w; rstd(N) = 1 / sqrt(mean x² + eps).
+__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w, int C, float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * C;  // (C)
+  float* yr = y + row * C;        // (C)
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) ss += xr[i] * xr[i];
+  const float rs = 1.0f / sqrtf(block_sum(ss, shared) / C + eps);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) yr[i] = xr[i] * rs * w[i];
+  if (threadIdx.x == 0) rstd[row] = rs;
+}
+
+// One block per row: dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C)
+__global__ void rmsnorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* rstd,
+                                              const float* w, int C, bool accumulate) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * C;   // (C)
+  const float* gr = dy + row * C;  // (C)
+  float* dr = dx + row * C;        // (C)
+  const float rs = rstd[row];
+  float dot = 0.f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) dot += gr[i] * w[i] * xr[i];
+  const float k = rs * rs * block_sum(dot, shared) / C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float d = rs * (gr[i] * w[i] - xr[i] * k);
+    dr[i] = accumulate ? dr[i] + d : d;
+  }
+}
+
+// part(chunk,C) = Σ_rows dy·x·rstd over the chunk's rows, in a fixed order. Block (32, 8).
+__global__ void rmsnorm_weight_partial_kernel(float* part, const float* dy, const float* x, const float* rstd, int N,
+                                              int C, int rows_per_chunk) {
+  __shared__ float lanes[kRowLanes][kColumnTile + 1];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  const int r0 = blockIdx.y * rows_per_chunk;
+  const int r1 = min(N, r0 + rows_per_chunk);
+  float acc = 0.f;
+  if (c < C)
+    for (int r = r0 + int(threadIdx.y); r < r1; r += kRowLanes) {
+      const int64_t i = int64_t(r) * C + c;
+      acc += dy[i] * x[i] * rstd[r];
+    }
+  lanes[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float s = 0.f;
+    for (int k = 0; k < kRowLanes; ++k) s += lanes[k][threadIdx.x];
+    part[int64_t(blockIdx.y) * C + c] = s;
+  }
+}
+
+// One thread per rotated pair (x_i, x_{i+D/2}) of x(B,T,H,D). inv_freq_i = 1 / theta^(2i/D) rounded to float
+// at each step as torch does, angle = float(t) · inv_freq_i in float; cos and sin of that float angle are
+// taken in double and rounded once, as the CPU backend does, so both build the same table.
+__global__ void rope_kernel(float* x, size_t pairs, int T, int H, int D, float theta, bool inverse) {
+  const int half = D / 2;
+  for (size_t p = size_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs; p += size_t(gridDim.x) * blockDim.x) {
+    const int i = int(p % size_t(half));
+    const size_t row = p / size_t(half);  // (b·T + t)·H + h
+    const int t = int((row / size_t(H)) % size_t(T));
+    const float inv_freq = 1.0f / float(pow(double(theta), double(float(2 * i) / float(D))));
+    const float a = __fmul_rn(float(t), inv_freq);
+    double sd, cd;
+    sincos(double(a), &sd, &cd);
+    const float c = float(cd), s = inverse ? -float(sd) : float(sd);
+    float* lo = x + row * size_t(D) + i;
+    float* hi = lo + half;
+    const float x1 = *lo, x2 = *hi;
+    *lo = x1 * c - x2 * s;
+    *hi = x2 * c + x1 * s;
+  }
+}
+
+__global__ void swiglu_forward_kernel(float* a, const float* g, const float* u, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float x = g[i];
+    const float sig = 1.0f / (1.0f + expf(-x));
+    a[i] = x * sig * u[i];
+  }
+}
+
+// silu'(g) = σ(g) (1 + g (1 − σ(g)))
+__global__ void swiglu_backward_kernel(float* dg, float* du, const float* da, const float* g, const float* u,
+                                       size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float x = g[i], grad = da[i];
+    const float sig = 1.0f / (1.0f + expf(-x));
+    dg[i] = grad * u[i] * sig * (1.0f + x * (1.0f - sig));
+    du[i] = grad * x * sig;
+  }
+}
+
+}  // namespace
+
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s) {
+  if (N <= 0) return;
+  rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y, rstd, x, w, C, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+                            int C, bool accumulate, cudaStream_t s) {
+  if (N <= 0) return;
+  rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(dx, dy, x, rstd, w, C, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                             bool accumulate, float* partial, cudaStream_t s) {
+  if (C <= 0) return;
+  const int chunks = column_chunks(N);
+  const int rows_per_chunk = (N + chunks - 1) / chunks;
+  dim3 grid((C + kColumnTile - 1) / kColumnTile, chunks);  // partial(chunks, C)
+  rmsnorm_weight_partial_kernel<<<grid, dim3(kColumnTile, kRowLanes), 0, s>>>(partial, dy, x, rstd, N, C,
+                                                                               rows_per_chunk);
+  CUDA_CHECK_LAUNCH();
+  column_finish(dw, partial, chunks, C, accumulate, s);
+}
+
+void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, cudaStream_t s) {
+  const size_t pairs = size_t(B > 0 ? B : 0) * size_t(T > 0 ? T : 0) * size_t(H > 0 ? H : 0) * size_t(D / 2);
+  if (pairs == 0) return;
+  rope_kernel<<<grid_for(pairs, 256), 256, 0, s>>>(x, pairs, T, H, D, theta, inverse);
+  CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_forward(float* a, const float* g, const float* u, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a, g, u, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n,
+                     cudaStream_t s) {
+  if (n == 0) return;
+  swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg, du, da, g, u, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace piper::cuda
