@@ -63,8 +63,6 @@ class Backend {
   // Communicator over the members of `comm` (created collectively by them). Point-to-point peers
   // are world ranks; `world` translates.
   virtual std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) = 0;
-  // Backend-sized scratch for attention backward, in floats.
-  virtual size_t attention_scratch_floats(int samples, int T, int C, int NH) = 0;
 };
 
 // Creates the backend named in the plan ("cpu" or "cuda") with `threads` compute threads per rank.

@@ -5,7 +5,7 @@
 namespace piper {
 
 const std::vector<const Family*>& families() {
-  static const std::vector<const Family*> all = {&gpt2_family(), &mlp_family()};
+  static const std::vector<const Family*> all = {&gpt2_family(), &mlp_family(), &qwen3_family()};
   return all;
 }
 

@@ -42,6 +42,44 @@ grad_clip = 1.0
 """
 
 
+# A tiny Qwen3 with every piece: GQA (4 query heads over 2 key/value heads), q/k norms, RoPE, SwiGLU.
+TINY_QWEN3 = """
+[job]
+name = "{name}"
+steps = {steps}
+seed = 11
+threads = 1
+
+[model]
+kind = "qwen3"
+vocab = 256
+seq_len = 16
+d_model = 32
+n_layers = {layers}
+n_heads = 4
+n_kv_heads = 2
+head_dim = 8
+d_ff = 48
+rope_theta = 10000.0
+tie_embeddings = {tied}
+
+[data]
+path = "{data}"
+batch = {batch}
+
+[optimizer]
+lr = 3e-3
+warmup_steps = 3
+weight_decay = 0.1
+grad_clip = 1.0
+"""
+
+
+def tiny_qwen3(name="q", steps=20, layers=4, batch=16, tied=False, extra=""):
+    return TINY_QWEN3.format(name=name, steps=steps, layers=layers, batch=batch, data=DATA,
+                             tied="true" if tied else "false") + extra
+
+
 def tiny_gpt(name="t", steps=20, layers=4, batch=16, extra=""):
     return TINY_GPT.format(name=name, steps=steps, layers=layers, batch=batch, data=DATA) + extra
 

@@ -237,7 +237,7 @@ TEST_CASE("cuda: causal attention matches the CPU", "[cuda]") {
   check_close(to_host<float>(*be, att, want_att.size()), want_att, 1e-3, "attention_forward att");
 
   DeviceArray dqkv(*be, sizeof(float) * qkv.size());
-  DeviceArray scratch(*be, sizeof(float) * be->attention_scratch_floats(B, T, C, NH));
+  DeviceArray scratch(*be, sizeof(float) * be->kernels().attention_scratch_floats(B, T, C, NH));
   std::vector<float> want_dqkv(qkv.size()), cpu_scratch(c.attention_scratch_floats(B, T, C, NH));
   g.attention_backward(dqkv.f(), gdy.f(), gqkv.f(), att.f(), scratch.f(), B, T, C, NH);
   c.attention_backward(want_dqkv.data(), dy.data(), qkv.data(), want_att.data(), cpu_scratch.data(), B, T, C, NH);

@@ -255,7 +255,7 @@ TEST_CASE("rmsnorm backward matches a double reference on rows split across thre
   }
 }
 
-TEST_CASE("rope matches a double reference of the rotate-half convention; the inverse undoes it and is its transpose",
+TEST_CASE("rope matches a double reference of the rotate-half convention, the inverse undoes it and is its transpose",
           "[kernels]") {
   struct Shape { int B, T, H, D; float theta; };
   // The last shape is split across threads (B·T·H·D ≥ 32768) and reaches angles of ~2000 radians.
@@ -349,7 +349,7 @@ TEST_CASE("swiglu forward matches a double reference and backward matches the an
   }
 }
 
-TEST_CASE("token embedding forward gathers rows; backward scatter-adds repeated tokens, accumulate or overwrite",
+TEST_CASE("token embedding forward gathers rows, its backward scatter-adds repeated tokens, accumulate or overwrite",
           "[kernels]") {
   const int N = 12, C = 8, V = 5;
   // Repeats; token 4 never occurs, so its gradient row is zero after an overwrite.

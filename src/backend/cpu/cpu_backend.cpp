@@ -113,9 +113,6 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) override {
     return std::make_unique<MpiCommunicator>(comm, world);
   }
-  size_t attention_scratch_floats(int samples, int T, int C, int NH) override {
-    return kernels_.attention_scratch_floats(samples, T, C, NH);
-  }
 
  private:
   CpuKernels kernels_;

@@ -134,9 +134,6 @@ class CudaBackend final : public Backend {
     return make_nccl_communicator(comm, world, device_);
   }
 
-  size_t attention_scratch_floats(int samples, int T, int C, int NH) override {
-    return kernels_->attention_scratch_floats(samples, T, C, NH);
-  }
 
  private:
   int device_ = 0;

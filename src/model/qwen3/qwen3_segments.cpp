@@ -1,0 +1,324 @@
+// Qwen3 segment math over backend kernels and the sizes of its buffers. Shapes: b sequences of T tokens,
+// n = b·T rows, C d_model, H query heads and KV key/value heads of D = head_dim, QD = H·D, KD = KV·D, F d_ff.
+#include "model/qwen3/qwen3_segments.hpp"
+
+#include <algorithm>
+
+namespace piper::qwen3 {
+
+namespace {
+
+const size_t f = sizeof(float), i32 = sizeof(int32_t);  // token and target ids are int32
+
+struct Shape {
+  int b, T, n, C, H, KV, D, QD, KD, F, V;
+  float eps, theta;
+  bool qk_norm;
+  Shape(const ModelDims& d, int samples)
+      : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), H(d.n_heads), KV(d.n_kv_heads),
+        D(d.head_dim), QD(d.n_heads * d.head_dim), KD(d.n_kv_heads * d.head_dim), F(d.d_ff), V(d.vocab),
+        eps(float(d.norm_eps)), theta(float(d.rope_theta)), qk_norm(d.qk_norm) {}
+};
+
+// Carves consecutive float ranges out of one buffer.
+struct Carver {
+  float* base;
+  size_t at = 0;
+  explicit Carver(void* p) : base(static_cast<float*>(p)) {}
+  float* take(int64_t count) {
+    float* p = base ? base + at : nullptr;
+    at += size_t(count);
+    return p;
+  }
+};
+
+// ---------------------------------------------------------------- embedding: tokens(b,T) → x(n,C)
+SegmentSizes embed_sizes(const Segment&, const ModelDims& d, int samples) {
+  Shape s(d, samples);
+  SegmentSizes z;
+  z.out_bytes = size_t(s.n) * s.C * f;
+  z.stash_bytes = size_t(s.n) * i32;  // tokens
+  return z;
+}
+
+void embed_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  k.token_embedding_forward(io.out, static_cast<const int32_t*>(io.stash), io.w[kEmbedTokens], s.n, s.C);
+}
+
+void embed_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  k.token_embedding_backward(io.g[kEmbedTokens], io.dout, static_cast<const int32_t*>(io.stash), s.n, s.C, s.V,
+                             io.accumulate(kEmbedTokens));
+}
+
+// ---------------------------------------------------------------- attention half: x + o(attn(norm x))
+// Forward → backward: the normed input, q and k before their norms (with qk_norm), q and k after norm and
+// RoPE, v, the attention output and the log-sum-exp of each query row.
+struct AttentionStash {
+  float *h, *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *q, *k, *v, *y, *lse;
+  size_t floats;
+  AttentionStash(void* p, const Shape& s) {
+    Carver c(p);
+    h = c.take(int64_t(s.n) * s.C);               // (n,C)
+    rstd = c.take(s.n);                           // (n)
+    q_pre = s.qk_norm ? c.take(int64_t(s.n) * s.QD) : nullptr;  // (n,H,D)
+    q_rstd = s.qk_norm ? c.take(int64_t(s.n) * s.H) : nullptr;  // (n,H)
+    k_pre = s.qk_norm ? c.take(int64_t(s.n) * s.KD) : nullptr;  // (n,KV,D)
+    k_rstd = s.qk_norm ? c.take(int64_t(s.n) * s.KV) : nullptr; // (n,KV)
+    q = c.take(int64_t(s.n) * s.QD);              // (b,T,H,D)
+    k = c.take(int64_t(s.n) * s.KD);              // (b,T,KV,D)
+    v = c.take(int64_t(s.n) * s.KD);              // (b,T,KV,D)
+    y = c.take(int64_t(s.n) * s.QD);              // (b,T,H,D)
+    lse = c.take(int64_t(s.b) * s.H * s.T);       // (b,H,T)
+    floats = c.at;
+  }
+};
+
+// Backward-input → backward-weight: gradients of the projections' outputs, of the q/k norms' outputs
+// and of the normed input.
+struct AttentionWStash {
+  float *dq_pre, *dk_pre, *dv, *dq, *dk, *dh;
+  size_t floats;
+  AttentionWStash(float* p, const Shape& s) {
+    Carver c(p);
+    dq = c.take(int64_t(s.n) * s.QD);  // d(q after norm, before RoPE) (n,QD)
+    dk = c.take(int64_t(s.n) * s.KD);  // (n,KD)
+    dv = c.take(int64_t(s.n) * s.KD);  // (n,KD)
+    dq_pre = s.qk_norm ? c.take(int64_t(s.n) * s.QD) : dq;  // d(q projection) (n,QD)
+    dk_pre = s.qk_norm ? c.take(int64_t(s.n) * s.KD) : dk;
+    dh = c.take(int64_t(s.n) * s.C);   // d(normed input) (n,C)
+    floats = c.at;
+  }
+};
+
+SegmentSizes attention_sizes(const Segment&, const ModelDims& d, int samples) {
+  Shape s(d, samples);
+  SegmentSizes z;
+  z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
+  z.stash_bytes = AttentionStash(nullptr, s).floats * f;
+  z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.QD * f;  // fused backward: wstash + d(attention output)
+  return z;
+}
+
+void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  AttentionStash st(io.stash, s);
+  const float* const* w = io.w;
+  k.rmsnorm_forward(st.h, st.rstd, io.in, w[kInputNorm], s.n, s.C, s.eps);           // (n,C)
+  if (s.qk_norm) {
+    k.linear_forward(st.q_pre, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);              // (n,QD)
+    k.linear_forward(st.k_pre, st.h, w[kKProj], nullptr, s.n, s.C, s.KD);              // (n,KD)
+    k.rmsnorm_forward(st.q, st.q_rstd, st.q_pre, w[kQNorm], s.n * s.H, s.D, s.eps);    // per head (n·H,D)
+    k.rmsnorm_forward(st.k, st.k_rstd, st.k_pre, w[kKNorm], s.n * s.KV, s.D, s.eps);   // (n·KV,D)
+  } else {
+    k.linear_forward(st.q, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);
+    k.linear_forward(st.k, st.h, w[kKProj], nullptr, s.n, s.C, s.KD);
+  }
+  k.linear_forward(st.v, st.h, w[kVProj], nullptr, s.n, s.C, s.KD);                   // (n,KD)
+  k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
+  k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
+  k.gqa_attention_forward(st.y, st.lse, st.q, st.k, st.v, s.b, s.T, s.H, s.KV, s.D);  // (b,T,H,D)
+  k.linear_forward(io.out, st.y, w[kOProj], nullptr, s.n, s.QD, s.C);                 // (n,C)
+  k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                     // residual
+}
+
+void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  AttentionStash st(io.stash, s);
+  AttentionWStash ws(io.wstash, s);
+  const float* const* w = io.w;
+  float* dy = io.workspace;  // d(attention output) (n,QD)
+  k.linear_backward_input(dy, io.dout, w[kOProj], s.n, s.QD, s.C, false);
+  k.gqa_attention_backward(ws.dq, ws.dk, ws.dv, dy, st.q, st.k, st.v, st.y, st.lse, io.scratch, s.b, s.T, s.H, s.KV,
+                           s.D);                                                      // after RoPE
+  k.rope(ws.dq, s.b, s.T, s.H, s.D, s.theta, true);                                   // before RoPE
+  k.rope(ws.dk, s.b, s.T, s.KV, s.D, s.theta, true);
+  if (s.qk_norm) {
+    k.rmsnorm_backward_input(ws.dq_pre, ws.dq, st.q_pre, st.q_rstd, w[kQNorm], s.n * s.H, s.D, false);
+    k.rmsnorm_backward_input(ws.dk_pre, ws.dk, st.k_pre, st.k_rstd, w[kKNorm], s.n * s.KV, s.D, false);
+  }
+  k.linear_backward_input(ws.dh, ws.dq_pre, w[kQProj], s.n, s.C, s.QD, false);         // d normed input (n,C)
+  k.linear_backward_input(ws.dh, ws.dk_pre, w[kKProj], s.n, s.C, s.KD, true);
+  k.linear_backward_input(ws.dh, ws.dv, w[kVProj], s.n, s.C, s.KD, true);
+  k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);                         // residual path
+  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kInputNorm], s.n, s.C, true);
+}
+
+void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  AttentionStash st(io.stash, s);
+  AttentionWStash ws(io.wstash, s);
+  float* const* g = io.g;
+  k.linear_backward_weight(g[kOProj], nullptr, io.dout, st.y, s.n, s.QD, s.C, io.accumulate(kOProj));
+  k.linear_backward_weight(g[kQProj], nullptr, ws.dq_pre, st.h, s.n, s.C, s.QD, io.accumulate(kQProj));
+  k.linear_backward_weight(g[kKProj], nullptr, ws.dk_pre, st.h, s.n, s.C, s.KD, io.accumulate(kKProj));
+  k.linear_backward_weight(g[kVProj], nullptr, ws.dv, st.h, s.n, s.C, s.KD, io.accumulate(kVProj));
+  if (s.qk_norm) {
+    k.rmsnorm_backward_weight(g[kQNorm], ws.dq, st.q_pre, st.q_rstd, s.n * s.H, s.D, io.accumulate(kQNorm));
+    k.rmsnorm_backward_weight(g[kKNorm], ws.dk, st.k_pre, st.k_rstd, s.n * s.KV, s.D, io.accumulate(kKNorm));
+  }
+  k.rmsnorm_backward_weight(g[kInputNorm], ws.dh, io.in, st.rstd, s.n, s.C, io.accumulate(kInputNorm));
+}
+
+size_t attention_scratch_floats(const Kernels& k, const ModelDims& d, int samples) {
+  return k.gqa_attention_scratch_floats(samples, d.seq_len, d.n_heads, d.n_kv_heads, d.head_dim);
+}
+
+uint64_t attention_scratch_estimate(const ModelDims& d, int samples, int threads) {
+  // CPU: two (64 × T) tiles per thread; CUDA: one float per (sequence, head, row)
+  uint64_t cpu = uint64_t(threads) * 2 * 64 * uint64_t(d.seq_len);
+  uint64_t gpu = uint64_t(samples) * uint64_t(d.n_heads) * uint64_t(d.seq_len);
+  return std::max(cpu, gpu) * sizeof(float);
+}
+
+// ---------------------------------------------------------------- MLP half: x + down(silu(gate h) · up h)
+struct MlpStash {
+  float *h, *rstd, *g, *u, *a;
+  size_t floats;
+  MlpStash(void* p, const Shape& s) {
+    Carver c(p);
+    h = c.take(int64_t(s.n) * s.C);  // normed input (n,C)
+    rstd = c.take(s.n);              // (n)
+    g = c.take(int64_t(s.n) * s.F);  // gate projection (n,F)
+    u = c.take(int64_t(s.n) * s.F);  // up projection (n,F)
+    a = c.take(int64_t(s.n) * s.F);  // silu(g)·u (n,F)
+    floats = c.at;
+  }
+};
+
+struct MlpWStash {
+  float *dg, *du, *dh;
+  size_t floats;
+  MlpWStash(float* p, const Shape& s) {
+    Carver c(p);
+    dg = c.take(int64_t(s.n) * s.F);  // (n,F)
+    du = c.take(int64_t(s.n) * s.F);  // (n,F)
+    dh = c.take(int64_t(s.n) * s.C);  // (n,C)
+    floats = c.at;
+  }
+};
+
+SegmentSizes mlp_sizes(const Segment&, const ModelDims& d, int samples) {
+  Shape s(d, samples);
+  SegmentSizes z;
+  z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
+  z.stash_bytes = MlpStash(nullptr, s).floats * f;
+  z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.F * f;  // fused backward: wstash + d(silu(g)·u)
+  return z;
+}
+
+void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  MlpStash st(io.stash, s);
+  const float* const* w = io.w;
+  k.rmsnorm_forward(st.h, st.rstd, io.in, w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
+  k.linear_forward(st.g, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);               // (n,F)
+  k.linear_forward(st.u, st.h, w[kUpProj], nullptr, s.n, s.C, s.F);                 // (n,F)
+  k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.F);                            // (n,F)
+  k.linear_forward(io.out, st.a, w[kDownProj], nullptr, s.n, s.F, s.C);             // (n,C)
+  k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                   // residual
+}
+
+void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  MlpStash st(io.stash, s);
+  MlpWStash ws(io.wstash, s);
+  const float* const* w = io.w;
+  float* da = io.workspace;  // d(silu(g)·u) (n,F)
+  k.linear_backward_input(da, io.dout, w[kDownProj], s.n, s.F, s.C, false);
+  k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(s.n) * s.F);
+  k.linear_backward_input(ws.dh, ws.dg, w[kGateProj], s.n, s.C, s.F, false);  // (n,C)
+  k.linear_backward_input(ws.dh, ws.du, w[kUpProj], s.n, s.C, s.F, true);
+  k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);                 // residual path
+  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kPostAttentionNorm], s.n, s.C, true);
+}
+
+void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  MlpStash st(io.stash, s);
+  MlpWStash ws(io.wstash, s);
+  float* const* g = io.g;
+  k.linear_backward_weight(g[kDownProj], nullptr, io.dout, st.a, s.n, s.F, s.C, io.accumulate(kDownProj));
+  k.linear_backward_weight(g[kGateProj], nullptr, ws.dg, st.h, s.n, s.C, s.F, io.accumulate(kGateProj));
+  k.linear_backward_weight(g[kUpProj], nullptr, ws.du, st.h, s.n, s.C, s.F, io.accumulate(kUpProj));
+  k.rmsnorm_backward_weight(g[kPostAttentionNorm], ws.dh, io.in, st.rstd, s.n, s.C,
+                            io.accumulate(kPostAttentionNorm));
+}
+
+// ---------------------------------------------------------------- head: final norm, LM head, cross-entropy
+// Stash: targets(n) int32 | h(n,C) | rstd(n) | probs(n,V) (overwritten by dlogits in the backward)
+struct HeadStash {
+  int32_t* targets;
+  float *h, *rstd, *probs;
+  HeadStash(void* stash, const Shape& s) {
+    targets = static_cast<int32_t*>(stash);
+    h = reinterpret_cast<float*>(targets + s.n);
+    rstd = h + int64_t(s.n) * s.C;
+    probs = rstd + s.n;
+  }
+};
+
+SegmentSizes head_sizes(const Segment&, const ModelDims& d, int samples) {
+  Shape s(d, samples);
+  SegmentSizes z;
+  z.input_bytes = size_t(s.n) * s.C * f;
+  z.stash_bytes = size_t(s.n) * i32 + (size_t(s.n) * s.C + size_t(s.n) + size_t(s.n) * size_t(s.V)) * f;
+  z.wstash_bytes = size_t(s.n) * s.C * f;  // d(normed input)
+  z.workspace_bytes = z.wstash_bytes;
+  return z;
+}
+
+void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  HeadStash st(io.stash, s);
+  k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kFinalNorm], s.n, s.C, s.eps);  // (n,C)
+  k.linear_forward(st.probs, st.h, io.w[kLmHead], nullptr, s.n, s.C, s.V);    // logits (n,V)
+  k.softmax_xent_forward(st.probs, io.loss_sum, st.probs, st.targets, s.n, s.V, io.loss_scale);
+}
+
+void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  HeadStash st(io.stash, s);
+  k.softmax_xent_backward(st.probs, st.probs, st.targets, s.n, s.V, io.loss_scale);  // dlogits (n,V)
+  k.linear_backward_input(io.wstash, st.probs, io.w[kLmHead], s.n, s.C, s.V, false);  // d h (n,C)
+  k.rmsnorm_backward_input(io.din, io.wstash, io.in, st.rstd, io.w[kFinalNorm], s.n, s.C, false);
+}
+
+void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  HeadStash st(io.stash, s);
+  k.linear_backward_weight(io.g[kLmHead], nullptr, st.probs, st.h, s.n, s.C, s.V, io.accumulate(kLmHead));
+  k.rmsnorm_backward_weight(io.g[kFinalNorm], io.wstash, io.in, st.rstd, s.n, s.C, io.accumulate(kFinalNorm));
+}
+
+}  // namespace
+
+const SegmentType& embed_type() {
+  static const SegmentType t{"qwen3.embed", DataSlot::Tokens, false, false, embed_sizes, embed_forward, nullptr,
+                             embed_backward_weight};
+  return t;
+}
+
+const SegmentType& attention_type() {
+  static const SegmentType t{"qwen3.attention", DataSlot::None, true, false, attention_sizes, attention_forward,
+                             attention_backward_input, attention_backward_weight, attention_scratch_floats,
+                             attention_scratch_estimate};
+  return t;
+}
+
+const SegmentType& mlp_type() {
+  static const SegmentType t{"qwen3.mlp", DataSlot::None, true, false, mlp_sizes, mlp_forward, mlp_backward_input,
+                             mlp_backward_weight};
+  return t;
+}
+
+const SegmentType& head_type() {
+  static const SegmentType t{"qwen3.head", DataSlot::Targets, true, true, head_sizes, head_forward,
+                             head_backward_input, head_backward_weight};
+  return t;
+}
+
+}  // namespace piper::qwen3

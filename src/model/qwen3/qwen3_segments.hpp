@@ -1,0 +1,20 @@
+// Qwen3's segment types (token embedding; attention half of a block: RMSNorm, q/k/v/o, per-head q/k
+// RMSNorm, RoPE, causal GQA; SwiGLU MLP half; final RMSNorm + LM head + cross-entropy) and the order of
+// each one's parameters, which the builder and the math share.
+#pragma once
+#include "model/segment_type.hpp"
+
+namespace piper::qwen3 {
+
+enum EmbedParam { kEmbedTokens, kEmbedParams };
+// q_norm and k_norm are present only with qk_norm
+enum AttentionParam { kInputNorm, kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm, kAttentionParams };
+enum MlpParam { kPostAttentionNorm, kGateProj, kUpProj, kDownProj, kMlpParams };
+enum HeadParam { kFinalNorm, kLmHead, kHeadParams };
+
+const SegmentType& embed_type();
+const SegmentType& attention_type();
+const SegmentType& mlp_type();
+const SegmentType& head_type();
+
+}  // namespace piper::qwen3
