@@ -102,6 +102,10 @@ int dry_run(const CliOptions& opts, int world_size) {
   std::printf("model: %s, %lld parameters, %zu segments; %zu regions, %zu device sets, %d microbatches of %d samples\n",
               spec.model.kind.c_str(), static_cast<long long>(result.model.n_params()), result.model.segments.size(),
               g.regions.size(), g.sets.size(), g.microbatches, g.samples_per_microbatch);
+  for (const auto& r : g.regions)
+    std::printf("  %s: segments %s .. %s\n", r.label().c_str(),
+                result.model.segments[size_t(r.seg_begin)].name.c_str(),
+                result.model.segments[size_t(r.seg_end - 1)].name.c_str());
   std::printf("graph: %zu nodes\n", g.live_nodes());
   std::printf("%5s %8s %13s %12s %14s   peak by kind (MiB): params grads optim activations comm workspace\n", "set",
               "ranks", "instructions", "plan bytes", "est. peak MiB");

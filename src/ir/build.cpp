@@ -26,11 +26,17 @@ std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annota
   auto find = [&](const std::string& name) {
     for (int s = 0; s < S; ++s)
       if (model.segments[size_t(s)].name == name) return s;
-    std::string names;
-    for (int s = 0; s < S && s < 6; ++s) names += cat(s ? ", " : "", "\"", model.segments[size_t(s)].name, "\"");
+    std::string names;  // all of them when few, else the first and last ones
+    for (int s = 0; s < S; ++s) {
+      if (S > 12 && s == 6) {
+        names += ", ...";
+        s = S - 4;
+        continue;
+      }
+      names += cat(s ? ", " : "", "\"", model.segments[size_t(s)].name, "\"");
+    }
     throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: the ", model.kind, " model has no segment \"",
-                        name, "\" (its ", S, " segments begin ", names, S > 6 ? ", ..." : "",
-                        "; --dry-run lists them all)"));
+                        name, "\"; its ", S, " segments are ", names));
   };
   int prev = -1;
   for (const auto& [lo, hi] : a.segments) {

@@ -118,8 +118,29 @@ def learns(d):
     print(f"ok  tiny qwen3 learns: loss {l[0]:.3f} -> mean of last 10 steps {tail:.3f} (< 3.4)")
 
 
+def errors(d):
+    """Bad qwen3 keys and unknown segment names end the job with exit 2 and a message naming file, line, key."""
+    base = tiny_qwen3(name="bad", layers=LAYERS)
+    cases = [
+        ("n_kv_heads not dividing n_heads", base.replace("n_kv_heads = 2", "n_kv_heads = 3"),
+         "model.n_kv_heads: n_kv_heads (3) must divide n_heads (4)"),
+        ("odd head_dim", base.replace("head_dim = 8", "head_dim = 7"), "model.head_dim: head_dim (7) must be even"),
+        ("unknown key", base.replace("d_ff = 48", "d_ff = 48\nn_expert = 4"), "model.n_expert"),
+        ("unknown segment name", base + annotate_segments([("model.embed_tokens", "model.layers.1.attn"),
+                                                           ("model.layers.1.mlp", "head")]),
+         'annotate.0.segments: the qwen3 model has no segment "model.layers.1.attn"'),
+    ]
+    for i, (name, text, want) in enumerate(cases):
+        p = run(2, write(d, f"bad{i}.toml", text), check=False)
+        out = p.stdout + p.stderr
+        if p.returncode != 2 or want not in out or "bad" + str(i) + ".toml:" not in out:
+            fail(f"qwen3 {name}: expected exit 2 and '{want}' with the file location, got {p.returncode}:\n{out}")
+        print(f"ok  qwen3 {name}: exit 2, {want}")
+
+
 def main():
     d = tempdir()
+    errors(d)
     ref = equivalence(d, tied=False)
     equivalence(d, tied=True)
     resume(d, ref)
