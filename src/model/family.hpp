@@ -21,6 +21,9 @@ struct Family {
   std::vector<const SegmentType*> segment_types;
 };
 
+// Reads the keys every decoder-only transformer family shares: vocab, seq_len, d_model, n_layers, n_heads.
+void read_decoder_keys(TomlReader& r, ModelSpec& spec);
+
 // Every registered family, in registry order.
 const std::vector<const Family*>& families();
 // The family of that kind, or null.

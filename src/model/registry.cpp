@@ -2,6 +2,8 @@
 // of its own (see README.md in this folder).
 #include "model/family.hpp"
 
+#include "config/toml_reader.hpp"
+
 namespace piper {
 
 const std::vector<const Family*>& families() {
@@ -19,6 +21,14 @@ std::vector<std::string> family_kinds() {
   std::vector<std::string> kinds;
   for (const Family* f : families()) kinds.push_back(f->kind);
   return kinds;
+}
+
+void read_decoder_keys(TomlReader& r, ModelSpec& m) {
+  m.vocab = int(r.get_int("vocab", m.vocab, 2, INT32_MAX));
+  m.seq_len = int(r.get_int("seq_len", m.seq_len, 1, 1 << 20));
+  m.d_model = int(r.get_int("d_model", m.d_model, 1, 1 << 20));
+  m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
+  m.n_heads = int(r.get_int("n_heads", m.n_heads, 1, 1 << 16));
 }
 
 const SegmentType* find_segment_type(const std::string& name) {

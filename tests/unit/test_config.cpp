@@ -132,3 +132,34 @@ TEST_CASE("malformed --set overrides are rejected", "[config]") {
   JobSpec s = load_job_text(kBase, "job.toml", {"job.name=plain"});
   CHECK(s.job.name == "plain");
 }
+
+TEST_CASE("qwen3 keys: defaults, derived head_dim and checked head counts", "[config]") {
+  // data.path must name a file that exists: this source file stands in for one
+  const std::string data = std::string("\n[data]\npath = \"") + PIPER_SOURCE_DIR + "/tests/unit/test_config.cpp\"\n";
+  const std::string model = "[model]\nkind = \"qwen3\"\nvocab = 151936\nd_model = 64\nn_heads = 8\n";
+  JobSpec s = load_job_text(model + data, "job.toml", {});
+  CHECK(s.model.kind == "qwen3");
+  CHECK(s.model.vocab == 151936);  // above the uint16 range
+  CHECK(s.model.n_kv_heads == 8);  // defaults to n_heads
+  CHECK(s.model.head_dim == 8);    // d_model / n_heads
+  CHECK(s.model.rope_theta == 1e6);
+  CHECK(s.model.norm_eps == 1e-6);
+  CHECK(s.model.qk_norm);
+  CHECK_FALSE(s.model.tie_embeddings);
+  s = load_job_text(model + "n_kv_heads = 2\nhead_dim = 128\ntie_embeddings = true\nqk_norm = false\n" + data,
+                    "job.toml", {"model.rope_theta=10000.0"});
+  CHECK(s.model.n_kv_heads == 2);
+  CHECK(s.model.head_dim == 128);
+  CHECK(s.model.tie_embeddings);
+  CHECK_FALSE(s.model.qk_norm);
+  CHECK(s.model.rope_theta == 10000.0);
+  CHECK(error_of(model + "n_kv_heads = 3\n" + data).find("job.toml:6:14: model.n_kv_heads: n_kv_heads (3) must divide n_heads (8)") !=
+        std::string::npos);
+  CHECK(error_of(model + "head_dim = 9\n" + data).find("model.head_dim: head_dim (9) must be even") != std::string::npos);
+  CHECK(error_of(model + data, {"model.n_heads=7"}).find("n_heads (7) must divide d_model (64) unless head_dim is given") !=
+        std::string::npos);
+  CHECK(error_of(model + "d_inner = 3\n" + data).find("model.d_inner") != std::string::npos);  // unknown key
+  CHECK(error_of("[model]\nkind = \"qwen4\"\n" + data).find("model.kind") != std::string::npos);
+  // a gpt key the qwen3 family does not read, and a qwen3 key gpt does not read, are unknown keys
+  CHECK(error_of("[model]\nkind = \"gpt\"\nn_kv_heads = 2\n" + data).find("model.n_kv_heads") != std::string::npos);
+}

@@ -12,11 +12,7 @@ namespace piper {
 namespace {
 
 void read_keys(TomlReader& r, ModelSpec& m) {
-  m.vocab = int(r.get_int("vocab", m.vocab, 2, INT32_MAX));
-  m.seq_len = int(r.get_int("seq_len", m.seq_len, 1, 1 << 20));
-  m.d_model = int(r.get_int("d_model", m.d_model, 1, 1 << 20));
-  m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
-  m.n_heads = int(r.get_int("n_heads", m.n_heads, 1, 1 << 16));
+  read_decoder_keys(r, m);
   m.n_kv_heads = int(r.get_int("n_kv_heads", m.n_heads, 1, 1 << 16));
   if (m.n_heads % m.n_kv_heads != 0)
     r.error_msg("n_kv_heads", cat("n_kv_heads (", m.n_kv_heads, ") must divide n_heads (", m.n_heads, ")"));
