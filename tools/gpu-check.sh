@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the CUDA backend on a GPU machine: builds $BUILD (build-gpu), runs the CUDA-vs-CPU kernel tests,
-# trains configs/quickstart.toml STEPS (20) steps on CUDA and on CPU and compares the losses (2+ GPUs: PP=2, DP=2).
+# trains configs/quickstart.toml (GPT-2) and configs/qwen3-small.toml STEPS (20) steps on CUDA and on CPU and
+# compares the losses (2+ GPUs: PP=2, DP=2).
 # Usage: tools/gpu-check.sh [STEPS]    env: BUILD, CUDA_ARCH (default 90), TOL (relative loss tolerance, 2e-3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,6 @@ if grep -q "CUDA test skipped" "$BUILD/gpu-check.cuda-tests.log"; then
   exit 1
 fi
 
-echo "== training: configs/quickstart.toml, $STEPS steps"
 tools/prepare-data.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -49,7 +49,7 @@ train() {
   shift 2
   local launch=("$BUILD/piper")
   if [ "$ranks" -gt 1 ]; then launch=(mpirun -np "$ranks" "$BUILD/piper"); fi
-  if ! "${launch[@]}" --config configs/quickstart.toml --steps "$STEPS" --set checkpoint.dir="$tmp/$name" \
+  if ! "${launch[@]}" --config "$CONFIG" --steps "$STEPS" --set checkpoint.dir="$tmp/$(basename "$CONFIG" .toml)-$name" \
     --metrics "$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1; then
     cat "$tmp/$name.log"
     echo "gpu-check: the $name run failed" >&2
@@ -78,16 +78,20 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
-train cpu 1 --set 'job.backend="cpu"'
-train cuda 1 --set 'job.backend="cuda"'
 status=0
-compare cuda || status=1
-if [ "$gpus" -ge 2 ]; then
-  train cuda-pp2 2 --set 'job.backend="cuda"' --set mesh.pp=2 --set mesh.microbatches=4
-  compare cuda-pp2 || status=1
-  train cuda-dp2 2 --set 'job.backend="cuda"' --set mesh.dp=2
-  compare cuda-dp2 || status=1
-else
-  echo "== one GPU: the two-rank NCCL runs (PP=2, DP=2) are skipped"
-fi
+for CONFIG in configs/quickstart.toml configs/qwen3-small.toml; do
+  echo "== training: $CONFIG, $STEPS steps"
+  rm -f "$tmp"/*.jsonl
+  train cpu 1 --set 'job.backend="cpu"'
+  train cuda 1 --set 'job.backend="cuda"'
+  compare cuda || status=1
+  if [ "$gpus" -ge 2 ]; then
+    train cuda-pp2 2 --set 'job.backend="cuda"' --set mesh.pp=2 --set mesh.microbatches=4
+    compare cuda-pp2 || status=1
+    train cuda-dp2 2 --set 'job.backend="cuda"' --set mesh.dp=2
+    compare cuda-dp2 || status=1
+  else
+    echo "== one GPU: the two-rank NCCL runs (PP=2, DP=2) are skipped"
+  fi
+done
 exit $status
