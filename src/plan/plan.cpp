@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "model/segment_type.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -98,7 +99,9 @@ std::string plan_to_text(const Plan& p) {
   for (int r : p.sets[size_t(p.set)]) os << " " << r;
   os << "), version " << kPlanVersion << "\n";
   os << "# microbatches " << p.microbatches << ", samples per replica " << p.samples_per_replica << "\n";
-  os << "streams:";
+  os << "segments:";
+  for (size_t i = 0; i < p.segments.size(); ++i) os << " " << i << "=" << p.segments[i].name << ":" << p.segments[i].type->name;
+  os << "\nstreams:";
   for (size_t i = 0; i < p.streams.size(); ++i) os << " " << i << "=" << p.streams[i];
   os << "\ngroups:";
   for (size_t i = 0; i < p.groups.size(); ++i) os << " " << i << "=" << p.groups[i].str();
