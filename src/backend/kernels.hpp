@@ -110,6 +110,16 @@ class Kernels {
   // AdamW with decoupled weight decay on n elements.
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) = 0;
 
+  // ---- mixture of experts: token rows to and from the experts ----
+  // dst(m,C) = scale[i] · src[rows[i]] for i < m; scale may be null (1). rows(m) int32, device memory.
+  virtual void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) = 0;
+  // dst(n,C) (+)= Σ_k w[t,k] · src[pos[t,k]] over the k < K with pos[t,k] >= 0, in k order; w may be null (1).
+  // pos(n,K) int32 and w(n,K) are device memory; a row with no valid pos is 0 (or unchanged when accumulating).
+  virtual void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+                            bool accumulate) = 0;
+  // out(n,K): out[t,k] = Σ_c a[t,c] · b[pos[t,k],c], 0 where pos[t,k] < 0. a(n,C), b(m,C).
+  virtual void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) = 0;
+
   // Host ↔ device copies (plain memcpy on CPU).
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;

@@ -566,4 +566,69 @@ TEST_CASE("cuda: streams and a one-rank NCCL communicator", "[cuda]") {
   be->bind(nullptr);
 }
 
+
+TEST_CASE("cuda: mixture-of-experts row kernels match the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(12);
+  struct Shape { int n, K, m, C; };
+  // odd width, a power of two, one column, and a row wider than a block (C > 512)
+  for (Shape sh : {Shape{60, 2, 90, 37}, Shape{3000, 4, 9000, 256}, Shape{40, 3, 50, 1}, Shape{100, 8, 500, 1000}}) {
+    std::string shape = "n=" + std::to_string(sh.n) + " K=" + std::to_string(sh.K) + " m=" + std::to_string(sh.m) +
+                        " C=" + std::to_string(sh.C);
+    const size_t nk = size_t(sh.n) * sh.K, nc = size_t(sh.n) * sh.C, mc = size_t(sh.m) * sh.C;
+    // rows(m) with repeats; pos(n,K) with repeats, a quarter dropped and the first token fully dropped
+    auto rows = tokens(gen, size_t(sh.m), sh.n);
+    auto pos = tokens(gen, nk, sh.m);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (auto& p : pos)
+      if (u(gen) < 0.25f) p = -1;
+    for (int k = 0; k < sh.K; ++k) pos[size_t(k)] = -1;
+    auto x = uniform(gen, nc), e = uniform(gen, mc), scale = uniform(gen, size_t(sh.m)), w = uniform(gen, nk);
+    auto prior = uniform(gen, nc);
+    auto grows = to_device(*be, rows), gpos = to_device(*be, pos), gx = to_device(*be, x), ge = to_device(*be, e),
+         gscale = to_device(*be, scale), gw = to_device(*be, w);
+    // gather (one product) and combine (one fma per term, k in order) do the CPU's operations, so they should
+    // agree to the bit; rows_dot sums in double on both sides in different orders: within a float ulp.
+
+    for (bool scaled : {true, false}) {
+      const std::string what = std::string("gather_rows ") + (scaled ? "" : "unscaled ") + shape;
+      DeviceArray out(*be, sizeof(float) * mc);
+      std::vector<float> want(mc);
+      g.gather_rows(out.f(), gx.f(), grows.i(), scaled ? gscale.f() : nullptr, sh.m, sh.C);
+      c.gather_rows(want.data(), x.data(), rows.data(), scaled ? scale.data() : nullptr, sh.m, sh.C);
+      auto got = to_host<float>(*be, out, mc);
+      check_close(got, want, 1e-6, what);
+      g.gather_rows(out.f(), gx.f(), grows.i(), scaled ? gscale.f() : nullptr, sh.m, sh.C);
+      CHECK(to_host<float>(*be, out, mc) == got);
+    }
+
+    for (bool weighted : {true, false})
+      for (bool acc : {false, true}) {
+        const std::string what = std::string("combine_rows ") + (weighted ? "" : "unweighted ") +
+                                 (acc ? "accumulate " : "") + shape;
+        auto out = to_device(*be, prior);
+        std::vector<float> want = prior;
+        g.combine_rows(out.f(), ge.f(), gpos.i(), weighted ? gw.f() : nullptr, sh.n, sh.K, sh.C, acc);
+        c.combine_rows(want.data(), e.data(), pos.data(), weighted ? w.data() : nullptr, sh.n, sh.K, sh.C, acc);
+        auto got = to_host<float>(*be, out, nc);
+        check_close(got, want, 1e-6, what);
+        auto again = to_device(*be, prior);
+        g.combine_rows(again.f(), ge.f(), gpos.i(), weighted ? gw.f() : nullptr, sh.n, sh.K, sh.C, acc);
+        CHECK(to_host<float>(*be, again, nc) == got);
+      }
+
+    DeviceArray dots(*be, sizeof(float) * nk);
+    std::vector<float> want_dots(nk);
+    g.rows_dot(dots.f(), gx.f(), ge.f(), gpos.i(), sh.n, sh.K, sh.C);
+    c.rows_dot(want_dots.data(), x.data(), e.data(), pos.data(), sh.n, sh.K, sh.C);
+    auto got_dots = to_host<float>(*be, dots, nk);
+    check_close(got_dots, want_dots, 1e-5, "rows_dot " + shape);
+    g.rows_dot(dots.f(), gx.f(), ge.f(), gpos.i(), sh.n, sh.K, sh.C);
+    CHECK(to_host<float>(*be, dots, nk) == got_dots);
+  }
+}
+
 #endif  // PIPER_HAVE_CUDA

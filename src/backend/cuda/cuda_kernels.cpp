@@ -269,6 +269,22 @@ void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, siz
   cuda::adamw(param, grad, m, v, n, args, t.stream.stream());
 }
 
+void CudaKernels::gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) {
+  Target t = target();
+  cuda::gather_rows(dst, src, rows, scale, m, C, t.stream.stream());
+}
+
+void CudaKernels::combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+                               bool accumulate) {
+  Target t = target();
+  cuda::combine_rows(dst, src, pos, w, n, K, C, accumulate, t.stream.stream());
+}
+
+void CudaKernels::rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) {
+  Target t = target();
+  cuda::rows_dot(out, a, b, pos, n, K, C, t.stream.stream());
+}
+
 void CudaKernels::upload(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
   Target t = target();

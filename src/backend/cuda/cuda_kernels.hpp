@@ -69,6 +69,10 @@ class CudaKernels final : public Kernels {
   void copy(void* dst, const void* src, size_t bytes) override;
   void sum_squares(double* acc, const float* x, size_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;
+  void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) override;
+  void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+                    bool accumulate) override;
+  void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
 
