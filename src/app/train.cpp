@@ -13,6 +13,7 @@
 #include "app/trace_file.hpp"
 #include "backend/backend.hpp"
 #include "ckpt/checkpoint.hpp"
+#include "model/segment_type.hpp"
 #include "runtime/executor.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
@@ -108,6 +109,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                 [&] { long long n = 0; for (const auto& p : plan.params) n += p.numel; return n; }(),
                 flops_per_step / 1e9, flops_per_step / tokens_per_step);
   int64_t last_saved = -1;
+  bool balance = false;  // the model has segments with a balance loss: report it apart
+  for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
   for (int64_t step = start; step < end; ++step) {
     double t0 = now_seconds();
     StepMetrics m = ex.run_step(step);
@@ -121,17 +124,23 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       trace.insert(trace.end(), ev.begin(), ev.end());
     }
     if (rank == 0) {
-      if ((step + 1) % plan.log_every == 0 || step + 1 == end)
-        std::printf("step %6lld | loss %.6f | lr %.3e | %10.0f tok/s | %8.2f ms\n", static_cast<long long>(step + 1),
-                    m.loss, m.lr, tokens_per_step / dt, dt * 1e3);
+      if ((step + 1) % plan.log_every == 0 || step + 1 == end) {
+        std::printf("step %6lld | loss %.6f", static_cast<long long>(step + 1), m.loss);
+        if (balance) std::printf(" (balance %.3e)", m.balance_loss);
+        std::printf(" | lr %.3e | %10.0f tok/s | %8.2f ms\n", m.lr, tokens_per_step / dt, dt * 1e3);
+      }
       std::fflush(stdout);
       if (metrics.is_open()) {
-        char line[256];
+        char line[320];
+        char extra[96] = "";
+        if (balance)
+          std::snprintf(extra, sizeof(extra), ", \"xent\": %.9g, \"balance_loss\": %.9g", m.loss - m.balance_loss,
+                        m.balance_loss);
         std::snprintf(line, sizeof(line),
-                      "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
+                      "{\"step\": %lld, \"loss\": %.9g%s, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
                       "\"ms\": %.6g, \"flops_per_s\": %.6g}\n",
-                      static_cast<long long>(step + 1), m.loss, m.lr, m.grad_norm, tokens_per_step / dt, dt * 1e3,
-                      flops_per_step / dt);
+                      static_cast<long long>(step + 1), m.loss, extra, m.lr, m.grad_norm, tokens_per_step / dt,
+                      dt * 1e3, flops_per_step / dt);
         metrics << line << std::flush;
       }
     }

@@ -67,6 +67,14 @@ const toml::node* TomlReader::get_node(const std::string& key) {
   return table_.get(key);
 }
 
+bool TomlReader::sub_table(const std::string& key, std::unique_ptr<TomlReader>& out) {
+  const toml::node* n = get_node(key);
+  if (!n) return false;
+  if (!n->as_table()) error(key, cat("a table ([", key_path(key), "])"), n);
+  out = std::make_unique<TomlReader>(*n->as_table(), key_path(key), ctx_);
+  return true;
+}
+
 int64_t TomlReader::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
   const toml::node* n = get_node(key);
   if (!n) return fallback;

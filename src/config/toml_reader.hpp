@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@ class TomlReader {
   std::string get_string(const std::string& key, const std::string& fallback,
                          const std::vector<std::string>& allowed = {});
   const toml::node* get_node(const std::string& key);  // marks known; nullptr when absent
+  // A reader of the sub-table `key` ([model.moe]); false when absent, an error when not a table.
+  bool sub_table(const std::string& key, std::unique_ptr<TomlReader>& out);
 
   // Location of a key (or of this table when key is empty).
   SourceLoc loc(const std::string& key = "") const;

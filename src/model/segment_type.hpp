@@ -42,8 +42,9 @@ struct SegmentIO {
   float* scratch = nullptr;         // backend scratch, SegmentType::scratch_floats
   const float* dout = nullptr;      // gradient of `out`; unused by the loss segment (it starts from the loss)
   float* din = nullptr;             // gradient of `in`; null when the segment reads data
-  double* loss_sum = nullptr;       // the loss segment adds loss_scale · Σ token losses
-  float loss_scale = 1.f;
+  double* loss_sum = nullptr;       // the loss segment adds loss_scale · Σ token losses (device memory)
+  float loss_scale = 1.f;           // 1 / tokens of the global batch
+  double* balance_loss = nullptr;   // host memory: segments with a balance loss add theirs (already scaled)
   // Whether gradient i is added to what is there (a later writer of the same parameter this step).
   bool accumulate(int i) const { return !(overwrite && overwrite[i]); }
 };
@@ -63,6 +64,7 @@ struct SegmentType {
   size_t (*scratch_floats)(const Kernels& k, const ModelDims& d, int samples) = nullptr;
   // The compiler's estimate of that scratch, in bytes, for `threads` compute threads.
   uint64_t (*scratch_estimate)(const ModelDims& d, int samples, int threads) = nullptr;
+  bool adds_balance_loss = false;  // its forward adds to SegmentIO::balance_loss
 };
 
 // The registered segment type called `name`, or null.

@@ -156,6 +156,7 @@ StepMetrics Executor::run_step(int64_t step) {
   lr_ = learning_rate(plan_.optimizer, step);
   store_.begin_step();
   backend_.zero(scalars_, 4 * sizeof(double));
+  balance_loss_ = 0;
   for (auto& st : streams_) st.events.clear();
   const double start = now_seconds() - t0_;
   {
@@ -384,6 +385,7 @@ void Executor::run_compute(const Instr& in) {
   io.dout = in.dout >= 0 ? store_.f(in.dout) : nullptr;
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   io.loss_sum = scalars_;
+  io.balance_loss = &balance_loss_;
   io.loss_scale = in.loss_scale;
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
   float* workspace = store_.f(plan_.workspace_buf);
@@ -445,11 +447,12 @@ void Executor::run_step_sync(const Instr& in) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
   }
-  double local[2];
-  k_.download(local, scalars_, sizeof(local));
-  double global[2];
+  double local[3];  // cross-entropy, gradient norm², balance loss
+  k_.download(local, scalars_, 2 * sizeof(double));
+  local[2] = balance_loss_;
+  double global[3];
   MPI_Request r;
-  MPI_CHECK(MPI_Iallreduce(local, global, 2, MPI_DOUBLE, MPI_SUM, world_, &r));
+  MPI_CHECK(MPI_Iallreduce(local, global, 3, MPI_DOUBLE, MPI_SUM, world_, &r));
   int flag = 0, round = 0;
   while (true) {
     MPI_CHECK(MPI_Test(&r, &flag, MPI_STATUS_IGNORE));
@@ -457,7 +460,8 @@ void Executor::run_step_sync(const Instr& in) {
     if (abort_) throw Aborted{};
     backoff(round);
   }
-  metrics_.loss = global[0];
+  metrics_.loss = global[0] + global[2];
+  metrics_.balance_loss = global[2];
   metrics_.grad_norm = std::sqrt(global[1]);
   const double clip = plan_.optimizer.grad_clip;
   clip_scale_ = (clip > 0 && metrics_.grad_norm > clip) ? clip / (metrics_.grad_norm + 1e-6) : 1.0;

@@ -21,7 +21,8 @@
 namespace piper {
 
 struct StepMetrics {
-  double loss = 0;       // mean cross-entropy of the global batch
+  double loss = 0;       // training loss of the global batch: cross-entropy + balance loss
+  double balance_loss = 0;  // the segments' balance losses (mixture of experts), summed over all ranks
   double grad_norm = 0;  // global gradient norm before clipping
   double lr = 0;
 };
@@ -100,6 +101,7 @@ class Executor {
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   double clip_scale_ = 1;
+  double balance_loss_ = 0;  // host: this rank's balance losses of the step
   double lr_ = 0;
   StepMetrics metrics_;
 

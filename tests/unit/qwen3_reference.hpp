@@ -2,6 +2,7 @@
 // written from the definitions, independently of the kernels: RMSNorm, RoPE (rotate-half), GQA, SwiGLU.
 #pragma once
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -68,11 +69,67 @@ inline std::vector<double> gqa_attention_ref(const std::vector<double>& q, const
   return y;
 }
 
+struct MoeRefDims {
+  int experts = 0, top_k = 2, d_expert = 0, every = 1;
+  bool norm_topk = true;
+  double aux_coef = 0, capacity_factor = 0;
+};
+
 struct Qwen3RefDims {
   int B, T, C, H, KV, D, F, V, L;
   double eps, theta;
   bool qk_norm;
+  MoeRefDims moe;
 };
+
+// Mixture of experts on the normed input h(n,C): softmax router, top-k (ties: lower index), weights
+// renormalized over the k, per-sequence capacity (earlier positions first), SwiGLU experts; adds the
+// sequence-wise balance loss Σ_seq Σ_e f_e · P_e to *balance. Experts' parameters: gate, up, down each.
+inline std::vector<double> moe_ref(const std::vector<double>& h, const std::vector<float>& router,
+                                   const std::vector<const std::vector<float>*>& experts, const Qwen3RefDims& d,
+                                   double* balance) {
+  const int n = d.B * d.T, E = d.moe.experts, K = d.moe.top_k, DE = d.moe.d_expert, C = d.C;
+  const float* no_bias = nullptr;
+  auto logits = linear_ref(h, router, no_bias, n, C, E);
+  const int cap = d.moe.capacity_factor > 0 ? int(std::ceil(d.moe.capacity_factor * d.T * K / E)) : d.T * K;
+  std::vector<double> out(size_t(n) * C, 0.0);
+  for (int q = 0; q < d.B; ++q) {
+    std::vector<int> used(size_t(E), 0), routed(size_t(E), 0);
+    std::vector<double> mean_p(size_t(E), 0.0);
+    for (int t = q * d.T; t < (q + 1) * d.T; ++t) {
+      std::vector<double> p(static_cast<size_t>(E));
+      double mx = -1e300, z = 0;
+      for (int e = 0; e < E; ++e) mx = std::max(mx, logits[size_t(t) * E + e]);
+      for (int e = 0; e < E; ++e) z += (p[size_t(e)] = std::exp(logits[size_t(t) * E + e] - mx));
+      for (auto& v : p) v /= z;
+      for (int e = 0; e < E; ++e) mean_p[size_t(e)] += p[size_t(e)] / d.T;
+      std::vector<int> sel;
+      double picked = 0;
+      for (int k = 0; k < K; ++k) {
+        int best = -1;
+        for (int e = 0; e < E; ++e)
+          if (std::find(sel.begin(), sel.end(), e) == sel.end() && (best < 0 || p[size_t(e)] > p[size_t(best)])) best = e;
+        sel.push_back(best);
+        picked += p[size_t(best)];
+      }
+      std::vector<double> x(h.begin() + long(t) * C, h.begin() + long(t + 1) * C);
+      for (int k = 0; k < K; ++k) {
+        const int e = sel[size_t(k)];
+        ++routed[size_t(e)];
+        if (used[size_t(e)] >= cap) continue;  // over capacity: dropped
+        ++used[size_t(e)];
+        const double w = d.moe.norm_topk ? p[size_t(e)] / picked : p[size_t(e)];
+        auto g = linear_ref(x, *experts[size_t(3 * e)], no_bias, 1, C, DE);
+        auto u = linear_ref(x, *experts[size_t(3 * e + 1)], no_bias, 1, C, DE);
+        for (int j = 0; j < DE; ++j) g[size_t(j)] = g[size_t(j)] / (1.0 + std::exp(-g[size_t(j)])) * u[size_t(j)];
+        auto y = linear_ref(g, *experts[size_t(3 * e + 2)], no_bias, 1, DE, C);
+        for (int c = 0; c < C; ++c) out[size_t(t) * C + c] += w * y[size_t(c)];
+      }
+    }
+    for (int e = 0; e < E; ++e) *balance += double(E) / (K * d.T) * routed[size_t(e)] * mean_p[size_t(e)];
+  }
+  return out;
+}
 
 // Parameters in the order the model lists them (embed; per layer input norm, q, k, v, o, [q_norm, k_norm],
 // post norm, gate, up, down; final norm; lm_head unless tied). Returns the mean token cross-entropy.
@@ -85,6 +142,7 @@ inline double qwen3_loss_ref(const Qwen3RefDims& d, const std::vector<std::vecto
   for (int r = 0; r < n; ++r)
     for (int c = 0; c < d.C; ++c) x[size_t(r) * d.C + c] = embed[size_t(tokens[size_t(r)]) * d.C + c];
   const float* no_bias = nullptr;
+  double balance = 0;  // Σ over MoE layers and sequences of Σ_e f_e · P_e
   for (int l = 0; l < d.L; ++l) {
     const auto& w_in = P[at++];
     const auto &wq = P[at++], &wk = P[at++], &wv = P[at++], &wo = P[at++];
@@ -102,8 +160,16 @@ inline double qwen3_loss_ref(const Qwen3RefDims& d, const std::vector<std::vecto
     auto o = linear_ref(y, wo, no_bias, n, QD, d.C);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     const auto& w_post = P[at++];
-    const auto &wg = P[at++], &wu = P[at++], &wd = P[at++];
     auto h2 = rmsnorm_ref(x, w_post, n, d.C, d.eps);
+    if (d.moe.experts > 0 && (l + 1) % d.moe.every == 0) {
+      const auto& router = P[at++];
+      std::vector<const std::vector<float>*> experts;
+      for (int i = 0; i < 3 * d.moe.experts; ++i) experts.push_back(&P[at++]);
+      auto m = moe_ref(h2, router, experts, d, &balance);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+      continue;
+    }
+    const auto &wg = P[at++], &wu = P[at++], &wd = P[at++];
     auto g = linear_ref(h2, wg, no_bias, n, d.C, d.F);
     auto u = linear_ref(h2, wu, no_bias, n, d.C, d.F);
     for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
@@ -114,7 +180,7 @@ inline double qwen3_loss_ref(const Qwen3RefDims& d, const std::vector<std::vecto
   const auto& lm_head = tied ? embed : P[at++];
   auto hf = rmsnorm_ref(x, w_norm, n, d.C, d.eps);
   auto logits = linear_ref(hf, lm_head, no_bias, n, d.C, d.V);
-  return xent_ref(logits, targets, n, d.V) / n;
+  return xent_ref(logits, targets, n, d.V) / n + d.moe.aux_coef * balance / d.B;
 }
 
 }  // namespace piper::test

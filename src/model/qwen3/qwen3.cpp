@@ -1,6 +1,7 @@
 // The Qwen3 family (model.kind = "qwen3"): its [model] keys, parameters under Hugging Face's state-dict
 // names (Qwen3ForCausalLM), segments (embedding, attention | MLP halves of each layer, head) and FLOPs.
 #include <cmath>
+#include <memory>
 
 #include "config/toml_reader.hpp"
 #include "model/family.hpp"
@@ -27,7 +28,23 @@ void read_keys(TomlReader& r, ModelSpec& m) {
   m.norm_eps = r.get_float("norm_eps", 1e-6, 0.0, 1.0, true);
   m.qk_norm = r.get_bool("qk_norm", true);
   m.tie_embeddings = r.get_bool("tie_embeddings", false);
+  std::unique_ptr<TomlReader> moe;
+  if (r.sub_table("moe", moe)) {
+    m.moe_experts = int(moe->get_int("experts", 8, 1, 1 << 16));
+    m.moe_top_k = int(moe->get_int("top_k", 2, 1, 1 << 16));
+    if (m.moe_top_k > m.moe_experts)
+      moe->error_msg("top_k", cat("top_k (", m.moe_top_k, ") must not exceed experts (", m.moe_experts, ")"));
+    m.moe_d_expert = int(moe->get_int("d_expert", m.d_ff, 1, 1 << 22));
+    m.moe_every = int(moe->get_int("every", 1, 1, 1 << 20));
+    m.moe_norm_topk_prob = moe->get_bool("norm_topk_prob", true);
+    m.moe_aux_loss_coef = moe->get_float("aux_loss_coef", 0.001, 0.0, 1e6);
+    m.moe_capacity_factor = moe->get_float("capacity_factor", 0.0, 0.0, 1e6);
+    moe->finish();
+  }
 }
+
+// Layer l's MLP is a mixture of experts when (l + 1) % every == 0.
+bool is_moe_layer(const ModelSpec& s, int l) { return s.moe_experts > 0 && (l + 1) % s.moe_every == 0; }
 
 Model build(const ModelSpec& s) {
   using namespace qwen3;
@@ -65,6 +82,21 @@ Model build(const ModelSpec& s) {
     att.fwd_flops_per_sample = 2.0 * T * (2.0 * C * QD + 2.0 * C * KD) + 2.0 * 2.0 * QD * (T * (T + 1) / 2.0);
     m.segments.push_back(att);
 
+    if (is_moe_layer(s, l)) {
+      // router, then each expert's SwiGLU on the tokens routed to it (top_k experts per token)
+      const int64_t E = s.moe_experts, DE = s.moe_d_expert, K = s.moe_top_k;
+      Segment moe{&moe_type(), p + "mlp", l, {}, 0};
+      moe.params = {norm(p + "post_attention_layernorm.weight", C), matrix(p + "mlp.gate.weight", E, C)};
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = cat(p, "mlp.experts.", e, ".");
+        moe.params.push_back(matrix(x + "gate_proj.weight", DE, C));
+        moe.params.push_back(matrix(x + "up_proj.weight", DE, C));
+        moe.params.push_back(matrix(x + "down_proj.weight", C, DE));
+      }
+      moe.fwd_flops_per_sample = 2.0 * T * C * E + 2.0 * T * K * 3.0 * C * DE;
+      m.segments.push_back(moe);
+      continue;
+    }
     Segment mlp{&mlp_type(), p + "mlp", l, {}, 0};
     mlp.params = {norm(p + "post_attention_layernorm.weight", C), matrix(p + "mlp.gate_proj.weight", F, C),
                   matrix(p + "mlp.up_proj.weight", F, C), matrix(p + "mlp.down_proj.weight", C, F)};
@@ -84,7 +116,8 @@ Model build(const ModelSpec& s) {
 
 const Family& qwen3_family() {
   static const Family f{"qwen3", true, read_keys, build,
-                        {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(), &qwen3::head_type()}};
+                        {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(), &qwen3::moe_type(),
+                         &qwen3::head_type()}};
   return f;
 }
 

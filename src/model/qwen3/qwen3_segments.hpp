@@ -11,10 +11,13 @@ enum EmbedParam { kEmbedTokens, kEmbedParams };
 enum AttentionParam { kInputNorm, kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm, kAttentionParams };
 enum MlpParam { kPostAttentionNorm, kGateProj, kUpProj, kDownProj, kMlpParams };
 enum HeadParam { kFinalNorm, kLmHead, kHeadParams };
+// then, for expert e: gate_proj at kMoeExperts + 3e, up_proj + 1, down_proj + 2
+enum MoeParam { kMoeNorm, kRouter, kMoeExperts };
 
 const SegmentType& embed_type();
 const SegmentType& attention_type();
 const SegmentType& mlp_type();
 const SegmentType& head_type();
+const SegmentType& moe_type();  // qwen3_moe.cpp
 
 }  // namespace piper::qwen3
