@@ -217,15 +217,24 @@ class Lowerer {
   }
 
   // ---------------------------------------------------------------- activations
-  int64_t act_elems() const {
-    return int64_t(b_) * m_.dims.rows_per_sample * m_.dims.act_width;
+  bool on_this_set(int segment) const {
+    for (const auto& r : g_.regions)
+      if (segment >= r.seg_begin && segment < r.seg_end) return r.device_set == set_;
+    return false;
+  }
+  // Elements of the activation at `boundary` (the input of that segment): what the segment before it
+  // writes, at most (a bound where the size varies with routing).
+  int64_t act_elems(int boundary) const {
+    size_t bytes = segment_sizes(m_.segments[size_t(boundary)], m_.dims, b_).input_bytes;
+    if (boundary > 0) bytes = std::max(bytes, segment_sizes(m_.segments[size_t(boundary) - 1], m_.dims, b_).out_bytes);
+    return int64_t((bytes + sizeof(float) - 1) / sizeof(float));
   }
   int act_buf(int boundary, int mb) {
-    return keyed_buffer('A', boundary, mb, uint64_t(act_elems()) * sizeof(float), BufferKind::Activation,
+    return keyed_buffer('A', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
                         cat("act", boundary, ".mb", mb));
   }
   int act_grad_buf(int boundary, int mb) {
-    return keyed_buffer('D', boundary, mb, uint64_t(act_elems()) * sizeof(float), BufferKind::Activation,
+    return keyed_buffer('D', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
                         cat("dact", boundary, ".mb", mb));
   }
   int stash_buf(int seg, int mb) {
@@ -377,6 +386,14 @@ class Lowerer {
     in.loss_scale = float(1.0 / (double(g_.global_batch) * m_.dims.rows_per_sample));
     const bool input = !reads_data(seg);
     in.stash = stash_buf(op.segment, mb);
+    if (seg.type->link_offset != 0) {
+      const int partner = op.segment + seg.type->link_offset;
+      PIPER_CHECK(partner >= 0 && size_t(partner) < m_.segments.size(), "segment ", seg.name, " links outside the model");
+      if (!on_this_set(partner))
+        throw UserError(cat("segments '", m_.segments[size_t(partner)].name, "' and '", seg.name,
+                            "' share state and must be placed on the same device set; cut the model elsewhere"));
+      in.link = stash_buf(partner, mb);
+    }
     if (input) in.in = act_buf(op.segment, mb);
     switch (n.kind) {
       case NodeKind::F:
@@ -433,7 +450,7 @@ class Lowerer {
         in.peer_set = n.peer_set;
         in.tag = n.kind == NodeKind::SEND ? n.id : n.pair;
         in.buf = n.tensor.kind == TensorRef::Kind::Act ? act_buf(n.tensor.index, n.mb) : act_grad_buf(n.tensor.index, n.mb);
-        in.count = act_elems();
+        in.count = act_elems(n.tensor.index);
         break;
       }
       case NodeKind::ALL_REDUCE:

@@ -43,6 +43,7 @@ struct Segment {
   int layer = 0;                      // the model layer annotations select it by
   std::vector<int> params;            // indices into Model::params, in the order its type expects
   double fwd_flops_per_sample = 0;    // forward FLOPs for one sequence/sample (matmuls and attention)
+  int shards = 1;                     // ranks its parameters are spread over (the shard directive)
 };
 
 struct Model {

@@ -38,6 +38,7 @@ struct SegmentIO {
   float* out = nullptr;             // activation for the next segment; null for the loss segment
   void* stash = nullptr;            // forward → backward (data is loaded into its start, see DataSlot)
   float* wstash = nullptr;          // backward-input → backward-weight
+  void* link = nullptr;             // the stash of the segment SegmentType::link_offset away (same microbatch)
   float* workspace = nullptr;       // scratch, SegmentSizes::workspace_bytes
   float* scratch = nullptr;         // backend scratch, SegmentType::scratch_floats
   const float* dout = nullptr;      // gradient of `out`; unused by the loss segment (it starts from the loss)
@@ -45,6 +46,7 @@ struct SegmentIO {
   double* loss_sum = nullptr;       // the loss segment adds loss_scale · Σ token losses (device memory)
   float loss_scale = 1.f;           // 1 / tokens of the global batch
   double* balance_loss = nullptr;   // host memory: segments with a balance loss add theirs (already scaled)
+  int shard = 0, shards = 1;        // a sharded segment's part: this rank's index among the set's ranks
   // Whether gradient i is added to what is there (a later writer of the same parameter this step).
   bool accumulate(int i) const { return !(overwrite && overwrite[i]); }
 };
@@ -65,6 +67,9 @@ struct SegmentType {
   // The compiler's estimate of that scratch, in bytes, for `threads` compute threads.
   uint64_t (*scratch_estimate)(const ModelDims& d, int samples, int threads) = nullptr;
   bool adds_balance_loss = false;  // its forward adds to SegmentIO::balance_loss
+  // Non-zero: this segment reads and writes the stash of the segment `link_offset` positions away (a
+  // block's halves sharing state around an exchange); both must run on the same device set.
+  int link_offset = 0;
 };
 
 // The registered segment type called `name`, or null.

@@ -11,6 +11,10 @@ void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<in
   writes.clear();
   auto r = [&](int32_t b) { if (b >= 0) reads.push_back(b); };
   auto w = [&](int32_t b) { if (b >= 0) writes.push_back(b); };
+  if (op_is_compute(in.op)) {  // a linked stash is read and written by every pass
+    r(in.link);
+    w(in.link);
+  }
   switch (in.op) {
     case Op::Forward:
       r(in.in);

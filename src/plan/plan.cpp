@@ -140,6 +140,7 @@ std::string plan_to_text(const Plan& p) {
     buf("wstash", in.wstash);
     buf("dout", in.dout);
     buf("din", in.din);
+    buf("link", in.link);
     buf("buf", in.buf);
     buf("src", in.src);
     buf("tmp", in.tmp);

@@ -12,7 +12,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 2;
+constexpr uint32_t kPlanVersion = 3;
 
 enum class Op : uint8_t {
   Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
@@ -94,6 +94,7 @@ struct Instr {
   int32_t tag = 0;          // send/recv: message tag (the IR id of the SEND)
   // compute buffers (ids or -1)
   int32_t in = -1, out = -1, stash = -1, wstash = -1, dout = -1, din = -1;
+  int32_t link = -1;        // compute: the stash of the segment this one's type links to (read and written)
   std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
   std::vector<uint8_t> overwrite;  // [i] != 0: gradient of segment param i is written, not accumulated
   int32_t sample_offset = 0;  // first sample of the microbatch within this replica's slice

@@ -58,7 +58,8 @@ void put_instr(ByteWriter& w, const Instr& in) {
   w.put(in.stream);
   w.put(in.flags);
   for (int32_t x : {in.node, in.segment, in.mb, in.bucket, in.group, in.peer_set, in.tag, in.in, in.out, in.stash,
-                    in.wstash, in.dout, in.din, in.sample_offset, in.samples, in.buf, in.src, in.tmp, in.m, in.v})
+                    in.wstash, in.dout, in.din, in.link, in.sample_offset, in.samples, in.buf, in.src, in.tmp, in.m,
+                    in.v})
     w.put(x);
   w.put_vector(in.overwrite);
   w.put(in.loss_scale);
@@ -83,8 +84,8 @@ Instr get_instr(ByteReader& r) {
   in.stream = r.get<uint8_t>();
   in.flags = r.get<uint8_t>();
   for (int32_t* x : {&in.node, &in.segment, &in.mb, &in.bucket, &in.group, &in.peer_set, &in.tag, &in.in, &in.out,
-                     &in.stash, &in.wstash, &in.dout, &in.din, &in.sample_offset, &in.samples, &in.buf, &in.src,
-                     &in.tmp, &in.m, &in.v})
+                     &in.stash, &in.wstash, &in.dout, &in.din, &in.link, &in.sample_offset, &in.samples, &in.buf,
+                     &in.src, &in.tmp, &in.m, &in.v})
     *x = r.get<int32_t>();
   in.overwrite = r.get_vector<uint8_t>();
   in.loss_scale = r.get<float>();
@@ -156,6 +157,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     w.put<int32_t>(s.layer);
     w.put_vector(s.params);
     w.put(s.fwd_flops_per_sample);
+    w.put<int32_t>(s.shards);
   }
   w.put<int32_t>(p.world);
   w.put<uint32_t>(uint32_t(p.sets.size()));
@@ -237,6 +239,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     s.layer = r.get<int32_t>();
     s.params = r.get_vector<int>();
     s.fwd_flops_per_sample = r.get<double>();
+    s.shards = r.get<int32_t>();
     p.segments.push_back(std::move(s));
   }
   p.world = r.get<int32_t>();

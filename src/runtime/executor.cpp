@@ -382,6 +382,7 @@ void Executor::run_compute(const Instr& in) {
   io.in = in.in >= 0 ? store_.f(in.in) : nullptr;
   io.out = in.out >= 0 ? store_.f(in.out) : nullptr;
   io.stash = store_.acquire(in.stash);
+  if (in.link >= 0) io.link = store_.acquire(in.link);
   io.dout = in.dout >= 0 ? store_.f(in.dout) : nullptr;
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   io.loss_sum = scalars_;

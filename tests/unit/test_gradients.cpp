@@ -113,6 +113,7 @@ struct Net {
     io.out = sizes[s].out_bytes > 0 ? act[s].data() : nullptr;
     io.dout = sizes[s].out_bytes > 0 ? dact[s].data() : nullptr;
     io.stash = stash[s].data();
+    if (seg.type->link_offset != 0) io.link = stash[size_t(int(s) + seg.type->link_offset)].data();
     io.scratch = scratch.data();
     io.loss_scale = loss_scale;
     return io;
@@ -207,7 +208,7 @@ struct Net {
     auto P = [&](const Segment& seg, int i) -> const std::vector<float>& { return params[size_t(seg.params[size_t(i)])]; };
     if (model.kind == "qwen3") {
       Qwen3RefDims q{samples, d.seq_len, d.d_model, d.n_heads, d.n_kv_heads, d.head_dim, d.d_ff, d.vocab,
-                     d.n_layers, d.norm_eps, d.rope_theta, d.qk_norm};
+                     d.n_layers, d.norm_eps, d.rope_theta, d.qk_norm, {}};
       q.moe = {d.moe_experts, d.moe_top_k, d.moe_d_expert, d.moe_every, d.moe_norm_topk_prob, d.moe_aux_loss_coef,
                d.moe_capacity_factor};
       return qwen3_loss_ref(q, params, d.tie_embeddings, tokens, targets);

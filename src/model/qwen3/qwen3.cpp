@@ -83,18 +83,23 @@ Model build(const ModelSpec& s) {
     m.segments.push_back(att);
 
     if (is_moe_layer(s, l)) {
-      // router, then each expert's SwiGLU on the tokens routed to it (top_k experts per token)
+      // router and dispatch, each expert's SwiGLU on the tokens routed to it (top_k experts per token),
+      // combine: three segments, so that an exchange can sit between them
       const int64_t E = s.moe_experts, DE = s.moe_d_expert, K = s.moe_top_k;
-      Segment moe{&moe_type(), p + "mlp", l, {}, 0};
-      moe.params = {norm(p + "post_attention_layernorm.weight", C), matrix(p + "mlp.gate.weight", E, C)};
+      Segment dispatch{&moe_dispatch_type(), p + "mlp.router", l, {}, 0};
+      dispatch.params = {norm(p + "post_attention_layernorm.weight", C), matrix(p + "mlp.gate.weight", E, C)};
+      dispatch.fwd_flops_per_sample = 2.0 * T * C * E;
+      m.segments.push_back(dispatch);
+      Segment experts{&moe_experts_type(), p + "mlp.experts", l, {}, 0};
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = cat(p, "mlp.experts.", e, ".");
-        moe.params.push_back(matrix(x + "gate_proj.weight", DE, C));
-        moe.params.push_back(matrix(x + "up_proj.weight", DE, C));
-        moe.params.push_back(matrix(x + "down_proj.weight", C, DE));
+        experts.params.push_back(matrix(x + "gate_proj.weight", DE, C));
+        experts.params.push_back(matrix(x + "up_proj.weight", DE, C));
+        experts.params.push_back(matrix(x + "down_proj.weight", C, DE));
       }
-      moe.fwd_flops_per_sample = 2.0 * T * C * E + 2.0 * T * K * 3.0 * C * DE;
-      m.segments.push_back(moe);
+      experts.fwd_flops_per_sample = 2.0 * T * K * 3.0 * C * DE;
+      m.segments.push_back(experts);
+      m.segments.push_back(Segment{&moe_combine_type(), p + "mlp.combine", l, {}, 0});
       continue;
     }
     Segment mlp{&mlp_type(), p + "mlp", l, {}, 0};
@@ -116,8 +121,8 @@ Model build(const ModelSpec& s) {
 
 const Family& qwen3_family() {
   static const Family f{"qwen3", true, read_keys, build,
-                        {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(), &qwen3::moe_type(),
-                         &qwen3::head_type()}};
+                        {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(), &qwen3::moe_dispatch_type(),
+                         &qwen3::moe_experts_type(), &qwen3::moe_combine_type(), &qwen3::head_type()}};
   return f;
 }
 

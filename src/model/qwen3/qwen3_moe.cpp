@@ -1,5 +1,6 @@
-// Qwen3 mixture-of-experts MLP half of a layer: x + Σ_k w_k · expert_k(norm x), with the router, top-k,
-// capacity and balance loss of moe_routing.hpp, and each expert's SwiGLU on the rows routed to it.
+// Qwen3 mixture-of-experts MLP half of a layer, x + Σ_k w_k · expert_k(norm x), as three segments so that
+// an exchange can sit between them: dispatch (norm, router, routing of moe_routing.hpp, the routed rows in
+// expert order), experts (each expert's SwiGLU on its rows) and combine (weights and residual).
 // Shapes: n = b·T tokens, C d_model, E experts, K top_k, DE d_expert, A = worst-case kept assignments.
 #include <algorithm>
 #include <vector>
@@ -39,77 +40,65 @@ struct Carver {
   }
 };
 
-// Forward → backward: normed input, routing (probabilities, picks, weights, positions, the expert-ordered
-// tokens and their weights, expert offsets, per-sequence fractions) and every expert's activations.
-struct MoeStash {
-  float *h, *rstd, *probs, *weight, *token_weight, *fraction, *x, *g, *u, *a, *y;
+// Rows with a header: counts(parts) int32, then rows(Σ counts, width) floats. Part p of a buffer that is
+// exchanged goes to rank p / (parts / ranks); what arrives is ordered by source rank.
+struct Ragged {
+  int32_t* counts;
+  float* rows;
+  Ragged(const void* p, int parts)
+      : counts(static_cast<int32_t*>(const_cast<void*>(p))), rows(reinterpret_cast<float*>(counts + parts)) {}
+  static size_t bytes(int parts, int64_t rows, int width) { return size_t(parts) * i32 + size_t(rows) * width * f; }
+};
+
+// The dispatch stash, shared with the combine (its link): forward → backward state of the routing, the
+// input kept for the residual, and the slots the combine's backward fills for the dispatch's.
+struct DispatchStash {
+  float *x, *h, *rstd, *probs, *weight, *token_weight, *fraction, *dweight, *dresidual;
   int32_t *selected, *position, *token, *offsets;
   size_t bytes;
-  MoeStash(void* p, const MoeShape& s) {
+  DispatchStash(void* p, const MoeShape& s) {
     Carver c(p);
-    h = c.take<float>(int64_t(s.n) * s.C);             // (n,C)
+    x = c.take<float>(int64_t(s.n) * s.C);             // input, for the combine's residual (n,C)
+    h = c.take<float>(int64_t(s.n) * s.C);             // normed input (n,C)
     rstd = c.take<float>(s.n);                          // (n)
     probs = c.take<float>(int64_t(s.n) * s.E);          // (n,E); the router logits until routed
     selected = c.take<int32_t>(int64_t(s.n) * s.K);     // (n,K)
     weight = c.take<float>(int64_t(s.n) * s.K);         // (n,K)
     position = c.take<int32_t>(int64_t(s.n) * s.K);     // (n,K), -1 dropped
-    token = c.take<int32_t>(s.A);                       // (A)
+    token = c.take<int32_t>(s.A);                       // (A) token of each kept assignment, expert-ordered
     token_weight = c.take<float>(s.A);                  // (A)
     offsets = c.take<int32_t>(s.E + 1);                 // (E+1)
     fraction = c.take<float>(int64_t(s.b) * s.E);       // (b,E)
-    x = c.take<float>(int64_t(s.A) * s.C);              // expert inputs (A,C)
-    g = c.take<float>(int64_t(s.A) * s.DE);             // gate projections (A,DE)
-    u = c.take<float>(int64_t(s.A) * s.DE);             // up projections (A,DE)
-    a = c.take<float>(int64_t(s.A) * s.DE);             // silu(g)·u (A,DE)
-    y = c.take<float>(int64_t(s.A) * s.C);              // expert outputs (A,C)
+    dweight = c.take<float>(int64_t(s.n) * s.K);        // from the combine's backward: d combine weights (n,K)
+    dresidual = c.take<float>(int64_t(s.n) * s.C);      // from the combine's backward: d output (n,C)
     bytes = c.at;
   }
 };
 
-// Backward-input → backward-weight.
-struct MoeWStash {
-  float *dy, *dg, *du, *dlogits, *dh;
+struct DispatchWStash {
+  float *dlogits, *dh;
   size_t bytes;
-  MoeWStash(void* p, const MoeShape& s) {
+  DispatchWStash(void* p, const MoeShape& s) {
     Carver c(p);
-    dy = c.take<float>(int64_t(s.A) * s.C);        // d expert outputs (A,C)
-    dg = c.take<float>(int64_t(s.A) * s.DE);       // (A,DE)
-    du = c.take<float>(int64_t(s.A) * s.DE);       // (A,DE)
-    dlogits = c.take<float>(int64_t(s.n) * s.E);   // (n,E)
-    dh = c.take<float>(int64_t(s.n) * s.C);        // d normed input (n,C)
+    dlogits = c.take<float>(int64_t(s.n) * s.E);  // (n,E)
+    dh = c.take<float>(int64_t(s.n) * s.C);       // d normed input (n,C)
     bytes = c.at;
   }
 };
 
-// Scratch of the fused/split backward-input after the wstash: d(silu(g)·u) (A,DE), d expert inputs (A,C),
-// d combine weights (n,K).
-struct MoeWork {
-  float *da, *dx, *dweight;
-  size_t bytes;
-  MoeWork(void* p, const MoeShape& s) {
-    Carver c(p);
-    da = c.take<float>(int64_t(s.A) * s.DE);
-    dx = c.take<float>(int64_t(s.A) * s.C);
-    dweight = c.take<float>(int64_t(s.n) * s.K);
-    bytes = c.at;
-  }
-};
-
-const float* expert_param(const SegmentIO& io, int e, int which) { return io.w[kMoeExperts + 3 * e + which]; }
-enum { kGate, kUp, kDown };
-
-SegmentSizes moe_sizes(const Segment&, const ModelDims& d, int samples) {
+// ---------------------------------------------------------------- dispatch: x(n,C) → rows for the experts
+SegmentSizes dispatch_sizes(const Segment&, const ModelDims& d, int samples) {
   MoeShape s(d, samples);
   SegmentSizes z;
-  z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
-  z.stash_bytes = MoeStash(nullptr, s).bytes;
-  z.wstash_bytes = MoeWStash(nullptr, s).bytes;
-  z.workspace_bytes = z.wstash_bytes + MoeWork(nullptr, s).bytes;
+  z.input_bytes = size_t(s.n) * s.C * f;
+  z.out_bytes = Ragged::bytes(s.E, s.A, s.C);  // counts per expert, then the rows in expert order
+  z.stash_bytes = DispatchStash(nullptr, s).bytes;
+  z.wstash_bytes = DispatchWStash(nullptr, s).bytes;
+  z.workspace_bytes = z.wstash_bytes;
   return z;
 }
 
-// The routing decided in the forward, read back from the stash (host copies).
-moe::Routing load_routing(Kernels& k, const MoeShape& s, const MoeStash& st) {
+moe::Routing load_routing(Kernels& k, const MoeShape& s, const DispatchStash& st) {
   moe::Routing r;
   r.probs.resize(size_t(s.n) * s.E);
   r.selected.resize(size_t(s.n) * s.K);
@@ -124,9 +113,10 @@ moe::Routing load_routing(Kernels& k, const MoeShape& s, const MoeStash& st) {
   return r;
 }
 
-void moe_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+void dispatch_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
-  MoeStash st(io.stash, s);
+  DispatchStash st(io.stash, s);
+  k.copy(st.x, io.in, size_t(s.n) * s.C * f);
   k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kMoeNorm], s.n, s.C, s.eps);  // (n,C)
   k.linear_forward(st.probs, st.h, io.w[kRouter], nullptr, s.n, s.C, s.E);   // router logits (n,E)
   std::vector<float> logits(size_t(s.n) * s.E);
@@ -141,82 +131,205 @@ void moe_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO
   k.upload(st.offsets, r.offsets.data(), r.offsets.size() * i32);
   k.upload(st.fraction, r.fraction.data(), r.fraction.size() * f);
   if (io.balance_loss) *io.balance_loss += d.moe_aux_loss_coef * double(io.loss_scale) * s.T * r.balance;
-
-  const int m = r.offsets[size_t(s.E)];
-  k.gather_rows(st.x, st.h, st.token, nullptr, m, s.C);  // expert inputs (m,C), expert-ordered
-  for (int e = 0; e < s.E; ++e) {
-    const int o = r.offsets[size_t(e)], ne = r.offsets[size_t(e) + 1] - o;
-    if (ne == 0) continue;
-    const int64_t xo = int64_t(o) * s.C, fo = int64_t(o) * s.DE;
-    k.linear_forward(st.g + fo, st.x + xo, expert_param(io, e, kGate), nullptr, ne, s.C, s.DE);  // (ne,DE)
-    k.linear_forward(st.u + fo, st.x + xo, expert_param(io, e, kUp), nullptr, ne, s.C, s.DE);    // (ne,DE)
-    k.swiglu_forward(st.a + fo, st.g + fo, st.u + fo, size_t(ne) * s.DE);
-    k.linear_forward(st.y + xo, st.a + fo, expert_param(io, e, kDown), nullptr, ne, s.DE, s.C);  // (ne,C)
-  }
-  k.copy(io.out, io.in, size_t(s.n) * s.C * f);                                   // residual
-  k.combine_rows(io.out, st.y, st.position, st.weight, s.n, s.K, s.C, true);     // + Σ_k w_k · y
+  Ragged out(io.out, s.E);
+  std::vector<int32_t> counts(size_t(s.E));
+  for (int e = 0; e < s.E; ++e) counts[size_t(e)] = r.offsets[size_t(e) + 1] - r.offsets[size_t(e)];
+  k.upload(out.counts, counts.data(), counts.size() * i32);
+  k.gather_rows(out.rows, st.h, st.token, nullptr, r.offsets[size_t(s.E)], s.C);  // (m,C), expert-ordered
 }
 
-void moe_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
-  MoeStash st(io.stash, s);
-  MoeWStash ws(io.wstash, s);
-  MoeWork wk(io.workspace, s);
+  DispatchStash st(io.stash, s);
+  DispatchWStash ws(io.wstash, s);
   const moe::Routing r = load_routing(k, s, st);
-  const int m = r.offsets[size_t(s.E)];
-  k.gather_rows(ws.dy, io.dout, st.token, st.token_weight, m, s.C);   // d expert outputs = w · dout (m,C)
-  k.rows_dot(wk.dweight, io.dout, st.y, st.position, s.n, s.K, s.C);  // d combine weights (n,K)
-  for (int e = 0; e < s.E; ++e) {
-    const int o = r.offsets[size_t(e)], ne = r.offsets[size_t(e) + 1] - o;
-    if (ne == 0) continue;
-    const int64_t xo = int64_t(o) * s.C, fo = int64_t(o) * s.DE;
-    k.linear_backward_input(wk.da + fo, ws.dy + xo, expert_param(io, e, kDown), ne, s.DE, s.C, false);
-    k.swiglu_backward(ws.dg + fo, ws.du + fo, wk.da + fo, st.g + fo, st.u + fo, size_t(ne) * s.DE);
-    k.linear_backward_input(wk.dx + xo, ws.dg + fo, expert_param(io, e, kGate), ne, s.C, s.DE, false);
-    k.linear_backward_input(wk.dx + xo, ws.du + fo, expert_param(io, e, kUp), ne, s.C, s.DE, true);
-  }
-  k.combine_rows(ws.dh, wk.dx, st.position, nullptr, s.n, s.K, s.C, false);  // d normed input from experts
-  // router: d combine weights (and the balance loss) → d logits, on the host
+  Ragged dx(io.dout, s.E);  // d expert inputs, expert-ordered
+  k.combine_rows(ws.dh, dx.rows, st.position, nullptr, s.n, s.K, s.C, false);  // d normed input from experts
+  // router: d combine weights (from the combine) and the balance loss → d logits, on the host
   std::vector<float> dweight(size_t(s.n) * s.K), dlogits(size_t(s.n) * s.E);
-  k.download(dweight.data(), wk.dweight, dweight.size() * f);
+  k.download(dweight.data(), st.dweight, dweight.size() * f);
   moe::router_backward(s.router, r, dweight.data(), d.moe_aux_loss_coef * double(io.loss_scale) * s.T,
                        dlogits.data());
   k.upload(ws.dlogits, dlogits.data(), dlogits.size() * f);
   k.linear_backward_input(ws.dh, ws.dlogits, io.w[kRouter], s.n, s.C, s.E, true);  // + router path
-  k.copy(io.din, io.dout, size_t(s.n) * s.C * f);                                 // residual path
+  k.copy(io.din, st.dresidual, size_t(s.n) * s.C * f);                            // residual path
   k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, io.w[kMoeNorm], s.n, s.C, true);
 }
 
-void moe_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+void dispatch_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
-  MoeStash st(io.stash, s);
-  MoeWStash ws(io.wstash, s);
-  std::vector<int32_t> offsets(size_t(s.E) + 1);
-  k.download(offsets.data(), st.offsets, offsets.size() * i32);
-  for (int e = 0; e < s.E; ++e) {
-    const int o = offsets[size_t(e)], ne = offsets[size_t(e) + 1] - o;
-    const int p = kMoeExperts + 3 * e;
-    float *gg = io.g[p + kGate], *gu = io.g[p + kUp], *gd = io.g[p + kDown];
-    if (ne == 0) {  // no tokens: zero gradient (written when this is the first writer of the step)
-      if (!io.accumulate(p + kGate)) k.fill(gg, 0.f, size_t(s.DE) * s.C);
-      if (!io.accumulate(p + kUp)) k.fill(gu, 0.f, size_t(s.DE) * s.C);
-      if (!io.accumulate(p + kDown)) k.fill(gd, 0.f, size_t(s.C) * s.DE);
-      continue;
-    }
-    const int64_t xo = int64_t(o) * s.C, fo = int64_t(o) * s.DE;
-    k.linear_backward_weight(gd, nullptr, ws.dy + xo, st.a + fo, ne, s.DE, s.C, io.accumulate(p + kDown));
-    k.linear_backward_weight(gg, nullptr, ws.dg + fo, st.x + xo, ne, s.C, s.DE, io.accumulate(p + kGate));
-    k.linear_backward_weight(gu, nullptr, ws.du + fo, st.x + xo, ne, s.C, s.DE, io.accumulate(p + kUp));
-  }
+  DispatchStash st(io.stash, s);
+  DispatchWStash ws(io.wstash, s);
   k.linear_backward_weight(io.g[kRouter], nullptr, ws.dlogits, st.h, s.n, s.C, s.E, io.accumulate(kRouter));
   k.rmsnorm_backward_weight(io.g[kMoeNorm], ws.dh, io.in, st.rstd, s.n, s.C, io.accumulate(kMoeNorm));
 }
 
+// ---------------------------------------------------------------- experts: rows → SwiGLU of their expert
+// Input and output: counts of (source rank, local expert) parts, then the rows of each part in that order.
+// With one shard the parts are the E experts; with S shards this rank holds experts [shard·E/S, +E/S) and
+// receives from each of the S ranks its rows for them.
+struct ExpertsShape : MoeShape {
+  int shards, local, parts, rows;  // rows: worst case received
+  ExpertsShape(const ModelDims& d, int samples, int shards_)
+      : MoeShape(d, samples), shards(shards_), local(d.moe_experts / shards_), parts(d.moe_experts), rows(A * shards_) {}
+};
+
+struct ExpertsStash {
+  float *g, *u, *a;
+  size_t bytes;
+  ExpertsStash(void* p, const ExpertsShape& s) {
+    Carver c(p);
+    g = c.take<float>(int64_t(s.rows) * s.DE);  // gate projections (rows,DE)
+    u = c.take<float>(int64_t(s.rows) * s.DE);  // up projections (rows,DE)
+    a = c.take<float>(int64_t(s.rows) * s.DE);  // silu(g)·u (rows,DE)
+    bytes = c.at;
+  }
+};
+
+struct ExpertsWStash {
+  float *dg, *du;
+  size_t bytes;
+  ExpertsWStash(void* p, const ExpertsShape& s) {
+    Carver c(p);
+    dg = c.take<float>(int64_t(s.rows) * s.DE);
+    du = c.take<float>(int64_t(s.rows) * s.DE);
+    bytes = c.at;
+  }
+};
+
+// The parts of a received buffer: first row and count of each, and the global expert it belongs to.
+struct Part {
+  int expert, first, count;
+};
+std::vector<Part> parts_of(Kernels& k, const ExpertsShape& s, const void* ragged, int shard) {
+  std::vector<int32_t> counts(size_t(s.parts));
+  k.download(counts.data(), ragged, counts.size() * i32);
+  std::vector<Part> parts;
+  int at = 0;
+  for (int p = 0; p < s.parts; ++p) {
+    parts.push_back({shard * s.local + p % s.local, at, counts[size_t(p)]});
+    at += counts[size_t(p)];
+  }
+  return parts;
+}
+
+const float* expert_param(const SegmentIO& io, int e, int which) { return io.w[3 * e + which]; }
+enum { kGate, kUp, kDown };
+
+SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  ExpertsShape s(d, samples, std::max(1, seg.shards));
+  SegmentSizes z;
+  z.input_bytes = z.out_bytes = Ragged::bytes(s.parts, s.rows, s.C);
+  z.stash_bytes = ExpertsStash(nullptr, s).bytes;
+  z.wstash_bytes = ExpertsWStash(nullptr, s).bytes;
+  z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f;  // + d(silu(g)·u)
+  return z;
+}
+
+void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  ExpertsShape s(d, io.samples, io.shards);
+  ExpertsStash st(io.stash, s);
+  Ragged in(io.in, s.parts), out(io.out, s.parts);
+  k.copy(out.counts, in.counts, size_t(s.parts) * i32);
+  for (const Part& p : parts_of(k, s, io.in, io.shard)) {
+    if (p.count == 0) continue;
+    const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
+    k.linear_forward(st.g + fo, in.rows + xo, expert_param(io, p.expert, kGate), nullptr, p.count, s.C, s.DE);
+    k.linear_forward(st.u + fo, in.rows + xo, expert_param(io, p.expert, kUp), nullptr, p.count, s.C, s.DE);
+    k.swiglu_forward(st.a + fo, st.g + fo, st.u + fo, size_t(p.count) * s.DE);                  // (count,DE)
+    k.linear_forward(out.rows + xo, st.a + fo, expert_param(io, p.expert, kDown), nullptr, p.count, s.DE, s.C);
+  }
+}
+
+void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  ExpertsShape s(d, io.samples, io.shards);
+  ExpertsStash st(io.stash, s);
+  ExpertsWStash ws(io.wstash, s);
+  float* da = io.workspace;  // (rows,DE)
+  Ragged dy(io.dout, s.parts), dx(io.din, s.parts);
+  k.copy(dx.counts, dy.counts, size_t(s.parts) * i32);
+  for (const Part& p : parts_of(k, s, io.in, io.shard)) {
+    if (p.count == 0) continue;
+    const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
+    k.linear_backward_input(da + fo, dy.rows + xo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false);
+    k.swiglu_backward(ws.dg + fo, ws.du + fo, da + fo, st.g + fo, st.u + fo, size_t(p.count) * s.DE);
+    k.linear_backward_input(dx.rows + xo, ws.dg + fo, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false);
+    k.linear_backward_input(dx.rows + xo, ws.du + fo, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true);
+  }
+}
+
+void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  ExpertsShape s(d, io.samples, io.shards);
+  ExpertsStash st(io.stash, s);
+  ExpertsWStash ws(io.wstash, s);
+  Ragged in(io.in, s.parts), dy(io.dout, s.parts);
+  std::vector<bool> written(size_t(s.E), false);  // this call has written expert e's gradients
+  for (const Part& p : parts_of(k, s, io.in, io.shard)) {
+    if (p.count == 0) continue;
+    const int i = 3 * p.expert;
+    const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
+    const bool add = written[size_t(p.expert)] || io.accumulate(i);
+    k.linear_backward_weight(io.g[i + kDown], nullptr, dy.rows + xo, st.a + fo, p.count, s.DE, s.C, add);
+    k.linear_backward_weight(io.g[i + kGate], nullptr, ws.dg + fo, in.rows + xo, p.count, s.C, s.DE, add);
+    k.linear_backward_weight(io.g[i + kUp], nullptr, ws.du + fo, in.rows + xo, p.count, s.C, s.DE, add);
+    written[size_t(p.expert)] = true;
+  }
+  for (int e = io.shard * s.local; e < (io.shard + 1) * s.local; ++e) {  // experts without tokens
+    const int i = 3 * e;
+    if (written[size_t(e)] || io.accumulate(i)) continue;
+    k.fill(io.g[i + kGate], 0.f, size_t(s.DE) * s.C);
+    k.fill(io.g[i + kUp], 0.f, size_t(s.DE) * s.C);
+    k.fill(io.g[i + kDown], 0.f, size_t(s.C) * s.DE);
+  }
+}
+
+// ---------------------------------------------------------------- combine: expert outputs → x + Σ_k w_k y_k
+SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
+  MoeShape s(d, samples);
+  SegmentSizes z;
+  z.input_bytes = Ragged::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
+  z.out_bytes = size_t(s.n) * s.C * f;
+  return z;
+}
+
+void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  MoeShape s(d, io.samples);
+  DispatchStash link(io.link, s);
+  Ragged y(io.in, s.E);
+  k.copy(io.out, link.x, size_t(s.n) * s.C * f);                                    // residual
+  k.combine_rows(io.out, y.rows, link.position, link.weight, s.n, s.K, s.C, true);  // + Σ_k w_k · y
+}
+
+void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  MoeShape s(d, io.samples);
+  DispatchStash link(io.link, s);
+  Ragged y(io.in, s.E), dy(io.din, s.E);
+  std::vector<int32_t> offsets(size_t(s.E) + 1), counts(size_t(s.E));
+  k.download(offsets.data(), link.offsets, offsets.size() * i32);
+  for (int e = 0; e < s.E; ++e) counts[size_t(e)] = offsets[size_t(e) + 1] - offsets[size_t(e)];
+  k.upload(dy.counts, counts.data(), counts.size() * i32);
+  k.gather_rows(dy.rows, io.dout, link.token, link.token_weight, offsets[size_t(s.E)], s.C);  // w · dout (m,C)
+  k.rows_dot(link.dweight, io.dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
+  k.copy(link.dresidual, io.dout, size_t(s.n) * s.C * f);                                    // residual
+}
+
 }  // namespace
 
-const SegmentType& moe_type() {
-  static const SegmentType t{"qwen3.moe", DataSlot::None, true, false, moe_sizes, moe_forward, moe_backward_input,
-                             moe_backward_weight, nullptr, nullptr, true};
+const SegmentType& moe_dispatch_type() {
+  static const SegmentType t{"qwen3.moe_dispatch", DataSlot::None, true, false, dispatch_sizes, dispatch_forward,
+                             dispatch_backward_input, dispatch_backward_weight, nullptr, nullptr, true};
+  return t;
+}
+
+const SegmentType& moe_experts_type() {
+  static const SegmentType t{"qwen3.moe_experts", DataSlot::None, true, false, experts_sizes, experts_forward,
+                             experts_backward_input, experts_backward_weight};
+  return t;
+}
+
+const SegmentType& moe_combine_type() {
+  static const SegmentType t{"qwen3.moe_combine", DataSlot::None, true, false, combine_sizes, combine_forward,
+                             combine_backward_input, nullptr, nullptr, nullptr, false, -2};
   return t;
 }
 

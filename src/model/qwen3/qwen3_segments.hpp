@@ -11,13 +11,17 @@ enum EmbedParam { kEmbedTokens, kEmbedParams };
 enum AttentionParam { kInputNorm, kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm, kAttentionParams };
 enum MlpParam { kPostAttentionNorm, kGateProj, kUpProj, kDownProj, kMlpParams };
 enum HeadParam { kFinalNorm, kLmHead, kHeadParams };
-// then, for expert e: gate_proj at kMoeExperts + 3e, up_proj + 1, down_proj + 2
-enum MoeParam { kMoeNorm, kRouter, kMoeExperts };
+// A mixture-of-experts MLP is three segments: dispatch (these parameters), experts (for expert e: gate_proj
+// at 3e, up_proj at 3e + 1, down_proj at 3e + 2) and combine (none).
+enum MoeDispatchParam { kMoeNorm, kRouter, kMoeDispatchParams };
 
 const SegmentType& embed_type();
 const SegmentType& attention_type();
 const SegmentType& mlp_type();
 const SegmentType& head_type();
-const SegmentType& moe_type();  // qwen3_moe.cpp
+// qwen3_moe.cpp
+const SegmentType& moe_dispatch_type();
+const SegmentType& moe_experts_type();
+const SegmentType& moe_combine_type();
 
 }  // namespace piper::qwen3
