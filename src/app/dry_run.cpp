@@ -30,6 +30,8 @@ std::string directive_text(const Directive& d, bool full) {
     }
   } else if (d.op == "replicate") {
     s += cat(" filter = ", d.filter.str(), ", zero = ", d.zero, ", bucket_mb = ", d.bucket_mb, ", stream = \"", d.stream, "\"");
+  } else if (d.op == "shard") {
+    s += cat(" filter = ", d.filter.str(), ", stream = \"", d.stream, "\"");
   } else if (d.op == "schedule") {
     s += cat(" kind = \"", d.kind, "\"");
   } else if (d.op == "order") {

@@ -37,6 +37,12 @@ class Communicator {
   // dst(size()·count) = concatenation of every rank's src(count). src == nullptr: in place, each rank's
   // contribution already at dst + rank·count.
   virtual std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) = 0;
+  // Counted rows, exchanged: src and dst start with `parts` int32 counts, then the rows (width floats each)
+  // of part 0, part 1, ... Part p of src goes to group rank p / (parts / size()). dst receives, from each
+  // group rank in order, its parts / size() counts meant for this rank, then the rows in the same order.
+  // Counts travel first; dst must hold the largest possible result.
+  virtual std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
+                                                      StreamContext* s) = 0;
   // Point-to-point with a peer given as a world rank.
   virtual std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer_world_rank, int tag,
                                            StreamContext* s) = 0;

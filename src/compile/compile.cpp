@@ -38,6 +38,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.dims = m.dims;
   p.params = m.params;
   p.segments = m.segments;
+  for (size_t i = 0; i < p.segments.size(); ++i) p.segments[i].shards = g.segment_shards[i];
   p.world = g.world;
   p.sets.clear();
   for (const auto& s : g.sets) p.sets.emplace_back(s.ranks.begin(), s.ranks.end());

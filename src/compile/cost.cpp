@@ -50,6 +50,7 @@ double CostModel::seconds(const Plan& p, const Instr& in, int group_size, double
     case Op::AllReduce:
     case Op::ReduceScatter:
     case Op::AllGather:
+    case Op::AllToAll:
       if (uniform || group_size <= 1) return 0.0;
       return latency * (group_size - 1) + instr_send_bytes(in, group_size) / collective_bandwidth;
   }

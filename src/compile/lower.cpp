@@ -21,6 +21,11 @@ class Lowerer {
   Lowerer(const Graph& g, const JobSpec& spec, int set) : g_(g), m_(*g.model), spec_(spec), set_(set) {
     n_ = int(g.sets[size_t(set)].ranks.size());
     b_ = g.samples_per_microbatch;
+    segs_ = m_.segments;
+    for (size_t i = 0; i < segs_.size(); ++i) segs_[i].shards = g.segment_shards[i];
+    for (const auto& n : g.nodes)  // boundaries whose activations (or gradients) are exchanged on this set
+      if (!n.removed && n.kind == NodeKind::ALL_TO_ALL && n.device_set == set)
+        exchanged_.insert({int(n.tensor.kind), n.tensor.index});
   }
 
   Plan run(const std::vector<int>& sequence) {
@@ -67,6 +72,8 @@ class Lowerer {
 
   const Graph& g_;
   const Model& m_;
+  std::vector<Segment> segs_;                 // the model's segments, with their shard counts
+  std::set<std::pair<int, int>> exchanged_;   // (tensor kind, boundary) exchanged by an all-to-all
   const JobSpec& spec_;
   int set_;
   int n_;  // replicas in this set
@@ -152,6 +159,13 @@ class Lowerer {
         pb.shard_optimizer = r.zero >= 1;
         pb.shard_grads = r.zero >= 2;
         pb.shard_params = r.zero >= 3;
+      } else if (r.shard_directive >= 0 && n_ > 1) {
+        // sharded: each rank holds, computes and updates only its slice (whole experts); nothing is reduced
+        pb.group_size = n_;
+        pb.padded = b.numel;
+        PIPER_CHECK(b.numel % n_ == 0, "sharded bucket ", gb, " of ", b.numel, " parameters over ", n_, " ranks");
+        pb.zero = 3;
+        pb.owned_slices = pb.shard_optimizer = pb.shard_grads = pb.shard_params = true;
       }
       const uint64_t full = uint64_t(pb.padded) * sizeof(float);
       const uint64_t shard = full / uint64_t(pb.group_size);
@@ -202,6 +216,7 @@ class Lowerer {
   int grad_target(int gb, int mb) {
     const PlanBucket& pb = plan_bucket(gb);
     if (!pb.shard_grads) return pb.grad_buf;
+    if (pb.owned_slices) return pb.grad_shard_buf;
     int id = keyed_buffer('G', gb, mb, uint64_t(pb.padded) * sizeof(float), BufferKind::Grad,
                           cat("bucket", gb, ".grad.mb", mb));
     p_.buffers[size_t(id)].zero_from = uint64_t(pb.numel) * sizeof(float);
@@ -211,6 +226,7 @@ class Lowerer {
   int param_source(int gb, size_t op_index) {
     const PlanBucket& pb = plan_bucket(gb);
     if (!pb.shard_params) return pb.param_buf;
+    if (pb.owned_slices) return pb.param_shard_buf;
     auto it = instance_for_op_.find({op_index, gb});
     PIPER_CHECK(it != instance_for_op_.end(), "no parameter gather for bucket ", gb, " before op ", op_index);
     return it->second;
@@ -225,24 +241,30 @@ class Lowerer {
   // Elements of the activation at `boundary` (the input of that segment): what the segment before it
   // writes, at most (a bound where the size varies with routing).
   int64_t act_elems(int boundary) const {
-    size_t bytes = segment_sizes(m_.segments[size_t(boundary)], m_.dims, b_).input_bytes;
-    if (boundary > 0) bytes = std::max(bytes, segment_sizes(m_.segments[size_t(boundary) - 1], m_.dims, b_).out_bytes);
+    size_t bytes = segment_sizes(segs_[size_t(boundary)], m_.dims, b_).input_bytes;
+    if (boundary > 0) bytes = std::max(bytes, segment_sizes(segs_[size_t(boundary) - 1], m_.dims, b_).out_bytes);
     return int64_t((bytes + sizeof(float) - 1) / sizeof(float));
   }
   int act_buf(int boundary, int mb) {
     return keyed_buffer('A', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
                         cat("act", boundary, ".mb", mb));
   }
+  bool exchanged(TensorRef::Kind kind, int boundary) const { return exchanged_.count({int(kind), boundary}) > 0; }
+  // What an all-to-all delivers at a boundary: 'X' activations, 'Y' their gradients.
+  int exchanged_buf(char tag, int boundary, int mb) {
+    return keyed_buffer(tag, boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
+                        cat(tag == 'X' ? "act" : "dact", boundary, ".mb", mb, ".exchanged"));
+  }
   int act_grad_buf(int boundary, int mb) {
     return keyed_buffer('D', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
                         cat("dact", boundary, ".mb", mb));
   }
   int stash_buf(int seg, int mb) {
-    auto sz = segment_sizes(m_.segments[size_t(seg)], m_.dims, b_);
+    auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
     return keyed_buffer('S', seg, mb, sz.stash_bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
   }
   int wstash_buf(int seg, int mb) {
-    auto sz = segment_sizes(m_.segments[size_t(seg)], m_.dims, b_);
+    auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
     return keyed_buffer('W', seg, mb, sz.wstash_bytes, BufferKind::Activation, cat("wstash", seg, ".mb", mb));
   }
 
@@ -253,7 +275,7 @@ class Lowerer {
     for (const auto& r : g_.regions) {
       if (r.device_set != set_) continue;
       for (int s = r.seg_begin; s < r.seg_end; ++s) {
-        const Segment& seg = m_.segments[size_t(s)];
+        const Segment& seg = segs_[size_t(s)];
         ws = std::max<uint64_t>(ws, segment_sizes(seg, m_.dims, b_).workspace_bytes);
         if (seg.type->scratch_floats) {
           needs_scratch = true;
@@ -304,7 +326,7 @@ class Lowerer {
       const auto& params = g_.buckets[size_t(c.bucket)].params;
       int lowest = -1;  // backward runs segments downwards: the lowest one using the bucket finishes it
       for (int s = r.seg_begin; s < r.seg_end && lowest < 0; ++s)
-        for (int p : m_.segments[size_t(s)].params)
+        for (int p : segs_[size_t(s)].params)
           if (std::find(params.begin(), params.end(), p) != params.end()) lowest = s;
       if (lowest < 0) continue;
       early_[{last, lowest}].push_back(id);
@@ -343,9 +365,10 @@ class Lowerer {
   void issue_gathers(size_t op_index) {
     const SegOp& op = ops_[op_index];
     if (g_.nodes[size_t(op.node)].kind == NodeKind::BW) return;  // weight gradients never read the weights
-    for (int param : m_.segments[size_t(op.segment)].params) {
+    for (int param : segs_[size_t(op.segment)].params) {
       int gb = graph_bucket_of_param(param);
-      if (!plan_bucket(gb).shard_params || instance_for_op_.count({op_index, gb})) continue;
+      if (!plan_bucket(gb).shard_params || plan_bucket(gb).owned_slices || instance_for_op_.count({op_index, gb}))
+        continue;
       auto cur = gathered_.find(gb);
       if (cur != gathered_.end() && cur->second.last + 1 >= op_index) {
         cur->second.last = op_index;
@@ -366,7 +389,7 @@ class Lowerer {
   }
 
   bool segment_uses(const SegOp& op, int gb) const {
-    for (int param : m_.segments[size_t(op.segment)].params)
+    for (int param : segs_[size_t(op.segment)].params)
       if (graph_bucket_of_param(param) == gb) return true;
     return false;
   }
@@ -374,7 +397,7 @@ class Lowerer {
   void emit_compute(size_t op_index) {
     const SegOp& op = ops_[op_index];
     const Node& n = g_.nodes[size_t(op.node)];
-    const Segment& seg = m_.segments[size_t(op.segment)];
+    const Segment& seg = segs_[size_t(op.segment)];
     const int mb = n.mb < 0 ? 0 : n.mb;
     Instr in;
     in.node = n.id;
@@ -388,13 +411,13 @@ class Lowerer {
     in.stash = stash_buf(op.segment, mb);
     if (seg.type->link_offset != 0) {
       const int partner = op.segment + seg.type->link_offset;
-      PIPER_CHECK(partner >= 0 && size_t(partner) < m_.segments.size(), "segment ", seg.name, " links outside the model");
+      PIPER_CHECK(partner >= 0 && size_t(partner) < segs_.size(), "segment ", seg.name, " links outside the model");
       if (!on_this_set(partner))
-        throw UserError(cat("segments '", m_.segments[size_t(partner)].name, "' and '", seg.name,
+        throw UserError(cat("segments '", segs_[size_t(partner)].name, "' and '", seg.name,
                             "' share state and must be placed on the same device set; cut the model elsewhere"));
       in.link = stash_buf(partner, mb);
     }
-    if (input) in.in = act_buf(op.segment, mb);
+    if (input) in.in = exchanged(TensorRef::Kind::Act, op.segment) ? exchanged_buf('X', op.segment, mb) : act_buf(op.segment, mb);
     switch (n.kind) {
       case NodeKind::F:
         in.op = Op::Forward;
@@ -406,7 +429,9 @@ class Lowerer {
       default: PIPER_CHECK(false, "not a compute node");
     }
     if (n.kind != NodeKind::F) {
-      if (!is_head(seg)) in.dout = act_grad_buf(op.segment + 1, mb);
+      if (!is_head(seg))
+        in.dout = exchanged(TensorRef::Kind::ActGrad, op.segment + 1) ? exchanged_buf('Y', op.segment + 1, mb)
+                                                                      : act_grad_buf(op.segment + 1, mb);
       if (input && n.kind != NodeKind::BW) in.din = act_grad_buf(op.segment, mb);
       if (n.kind == NodeKind::BI || n.kind == NodeKind::BW) in.wstash = wstash_buf(op.segment, mb);
     }
@@ -459,6 +484,7 @@ class Lowerer {
         emit_all_reduce(n, in);
         break;
       case NodeKind::REDUCE_SCATTER: emit_reduce_scatter(n, in); break;
+      case NodeKind::ALL_TO_ALL: emit_all_to_all(n, in); break;
       case NodeKind::ALL_GATHER: emit_all_gather(n, in); break;
       default: PIPER_CHECK(false, "cannot lower ", n.label());
     }
@@ -495,6 +521,23 @@ class Lowerer {
         in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch.mb", n.mb));
       }
     }
+  }
+
+  // The routed rows of a boundary, from what its producer wrote to what its consumer reads.
+  void emit_all_to_all(const Node& n, Instr& in) {
+    const int boundary = n.tensor.index;
+    const bool forward = n.tensor.kind == TensorRef::Kind::Act;
+    in.op = Op::AllToAll;
+    in.group = group_id({GroupRef::Kind::DeviceSet, {set_}, n.stream});
+    in.src = forward ? act_buf(boundary, n.mb) : act_grad_buf(boundary, n.mb);
+    in.buf = exchanged_buf(forward ? 'X' : 'Y', boundary, n.mb);
+    // the layout of the sharded side's rows
+    const Region& r = g_.regions[size_t(n.region)];
+    const SegmentSizes z = segment_sizes(segs_[size_t(r.seg_begin)], m_.dims, b_);
+    PIPER_CHECK(z.ragged_parts > 0, "exchange at a segment without counted rows");
+    in.parts = z.ragged_parts;
+    in.count = z.ragged_width;
+    in.rows = int64_t((z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width))) / n_;
   }
 
   void emit_all_gather(const Node& n, Instr& in) {

@@ -86,7 +86,7 @@ struct Annotation {
 
 // One [[directive]]. Which fields are meaningful depends on `op`.
 struct Directive {
-  std::string op;  // split | place | replicate | order | schedule
+  std::string op;  // split | place | replicate | shard | order | schedule
   int index = 0;   // position among [[directive]] tables, 0-based
   SourceLoc loc;
   Filter filter;

@@ -275,8 +275,9 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
     Directive d;
     d.index = index;
     d.loc = r.loc();
-    if (!r.has("op")) r.error("op", "one of \"split\", \"place\", \"replicate\", \"order\", \"schedule\"", nullptr);
-    d.op = r.get_string("op", "", {"split", "place", "replicate", "order", "schedule"});
+    if (!r.has("op"))
+      r.error("op", "one of \"split\", \"place\", \"replicate\", \"shard\", \"order\", \"schedule\"", nullptr);
+    d.op = r.get_string("op", "", {"split", "place", "replicate", "shard", "order", "schedule"});
     auto filter_or_all = [&](bool required) {
       const toml::node* f = r.get_node("filter");
       if (!f) {
@@ -308,6 +309,9 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       d.zero = int(r.get_int("zero", 0, 0, 3));
       d.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
       d.stream = r.get_string("stream", "dp");
+    } else if (d.op == "shard") {
+      d.filter = filter_or_all(true);
+      d.stream = r.get_string("stream", "ep");
     } else if (d.op == "order") {
       const toml::node* fs = r.get_node("filters");
       const toml::array* fa = fs ? fs->as_array() : nullptr;

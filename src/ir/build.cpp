@@ -72,14 +72,7 @@ std::vector<Region> make_regions(const Model& model, const std::vector<Annotatio
       regions.back().seg_end = int(s) + 1;
       continue;
     }
-    for (const auto& r : regions)
-      if (r.tags == t)
-        throw UserError(cat("annotations give tags {", [&] {
-                              std::string str;
-                              for (const auto& [k, v] : t) str += cat(str.empty() ? "" : ", ", k, " = ", v);
-                              return str;
-                            }(),
-                            "} to two separate runs of layers; a region must be contiguous"));
+    // Equal tags may recur (an expert region inside a pipeline stage splits it): each run is a region.
     Region r;
     r.id = int(regions.size());
     r.seg_begin = int(s);
@@ -105,6 +98,7 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
   g.microbatches = 1;
   g.samples_per_microbatch = spec.data.batch;
   g.regions = make_regions(model, spec.annotations);
+  g.segment_shards.assign(model.segments.size(), 1);
 
   const int R = int(g.regions.size());
   std::vector<int> fwd(static_cast<size_t>(R)), bwd(static_cast<size_t>(R)), upd(static_cast<size_t>(R));

@@ -20,6 +20,7 @@ const char* node_kind_name(NodeKind k) {
     case NodeKind::ALL_REDUCE: return "ALL_REDUCE";
     case NodeKind::REDUCE_SCATTER: return "REDUCE_SCATTER";
     case NodeKind::ALL_GATHER: return "ALL_GATHER";
+    case NodeKind::ALL_TO_ALL: return "ALL_TO_ALL";
   }
   return "?";
 }

@@ -16,6 +16,7 @@ enum class NodeKind : uint8_t {
   UPDATE,         // optimizer step of a region's parameters (or its shard)
   SEND, RECV,     // point-to-point between device sets
   ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER,
+  ALL_TO_ALL,     // rows exchanged inside a device set, counts first (a sharded region's inputs and outputs)
 };
 const char* node_kind_name(NodeKind k);
 bool is_compute(NodeKind k);
@@ -79,6 +80,9 @@ struct Region {
   double bucket_mb = 25.0;
   std::string dp_stream = "dp";
   int replicate_directive = -1;
+  // sharding (the shard pass): its segments' parameters are spread over the set's ranks
+  int shard_directive = -1;
+  std::string shard_stream = "ep";
   bool split_backward = false;
   std::string label() const;
 };
@@ -108,6 +112,7 @@ struct Graph {
   std::vector<Bucket> buckets;
   std::vector<Node> nodes;
   std::vector<Edge> edges;
+  std::vector<int> segment_shards;  // per model segment: ranks its parameters are spread over (1: not sharded)
 
   int add_node(Node n);
   int add_edge(int from, int to, EdgeKind kind, TensorRef t = {}, int directive = -1);

@@ -13,6 +13,8 @@ namespace piper {
 // Sizes of the per-microbatch buffers of one segment. The compiler sizes plan buffers from these; the
 // segment code carves the same buffers with the same offsets.
 struct SegmentSizes {
+  // Ragged activations (rows routed to parts, counted in a header): parts and row width of input and output.
+  int ragged_parts = 0, ragged_width = 0;
   size_t out_bytes = 0;        // activation handed to the next segment (0 for the loss segment)
   size_t stash_bytes = 0;      // forward → backward
   size_t wstash_bytes = 0;     // backward-input → backward-weight
@@ -70,6 +72,9 @@ struct SegmentType {
   // Non-zero: this segment reads and writes the stash of the segment `link_offset` positions away (a
   // block's halves sharing state around an exchange); both must run on the same device set.
   int link_offset = 0;
+  // Shardable segments: their parameters come in this many equal parts (experts), which the shard
+  // directive spreads over a device set's ranks; input and output are then exchanged (ragged rows).
+  int (*shard_units)(const ModelDims& d) = nullptr;
 };
 
 // The registered segment type called `name`, or null.

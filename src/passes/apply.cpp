@@ -57,11 +57,12 @@ ScheduleContext schedule_context(const Graph& g, const JobSpec& spec, const std:
 }  // namespace
 
 std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
-  std::vector<Directive> splits, places, replicates, orders, schedules;
+  std::vector<Directive> splits, places, replicates, shards, orders, schedules;
   for (const auto& d : spec.directives) {
     if (d.op == "split") splits.push_back(d);
     else if (d.op == "place") places.push_back(d);
     else if (d.op == "replicate") replicates.push_back(d);
+    else if (d.op == "shard") shards.push_back(d);
     else if (d.op == "order") orders.push_back(d);
     else if (d.op == "schedule") schedules.push_back(d);
   }
@@ -117,10 +118,11 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   g.samples_per_microbatch = per_replica / g.microbatches;
 
   insert_send_recv(g);
+  for (const auto& d : shards) mark_shard(g, d);
   for (const auto& d : replicates) mark_replicate(g, d);
   for (const auto& r : g.regions) {
     const auto& set = g.sets[size_t(r.device_set)];
-    if (set.ranks.size() > 1 && r.zero < 0) {
+    if (set.ranks.size() > 1 && r.zero < 0 && r.shard_directive < 0) {
       std::string which = set.directive >= 0 ? cat("the device set of directive #", set.directive)
                                              : std::string("all ranks, as no place directive is given");
       throw UserError(cat(r.label(), " runs on ", set.ranks.size(), " ranks (", which,
@@ -129,6 +131,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
     }
   }
   make_buckets(g);
+  insert_exchanges(g);
   insert_replication(g);
   insert_tied_sync(g);
   for (const auto& d : orders) apply_order(g, d);

@@ -34,7 +34,8 @@ void make_buckets(Graph& g) {
 
   g.buckets.clear();
   for (const auto& r : g.regions) {
-    const double limit = r.bucket_mb * 1024.0 * 1024.0;
+    // a sharded region's parameters form one bucket, so that each rank's slice is whole experts
+    const double limit = r.shard_directive >= 0 ? 1e300 : r.bucket_mb * 1024.0 * 1024.0;
     Bucket cur;
     cur.region = r.id;
     std::set<int> seen;

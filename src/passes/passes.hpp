@@ -15,6 +15,8 @@ void apply_place(Graph& g, const std::vector<Directive>& places);
 void insert_send_recv(Graph& g);
 void make_buckets(Graph& g);
 void mark_replicate(Graph& g, const Directive& d);
+void mark_shard(Graph& g, const Directive& d);
+void insert_exchanges(Graph& g);
 void insert_replication(Graph& g);
 void insert_tied_sync(Graph& g);
 void apply_order(Graph& g, const Directive& d);

@@ -17,7 +17,7 @@ void mark_replicate(Graph& g, const Directive& d) {
       throw UserError(cat(d.describe(), ": replicate works on whole regions; its filter cannot name ", tag));
   int matched = 0;
   for (auto& r : g.regions) {
-    if (!filter_matches_region(d.filter, r)) continue;
+    if (!filter_matches_region(d.filter, r) || r.shard_directive >= 0) continue;  // sharded: left alone
     ++matched;
     if (r.replicate_directive >= 0)
       throw UserError(cat(d.describe(), ": ", r.label(), " is already replicated by directive #", r.replicate_directive));
@@ -110,11 +110,14 @@ void insert_replication(Graph& g) {
       }
     }
   }
-  // Gradients of replicated sets now reach the step sync through their collectives.
+  // Gradients of replicated sets now reach the step sync through their collectives; a sharded region's
+  // (never reduced) keep their direct edge.
   for (auto& e : g.edges) {
     if (e.removed || e.to != sync || e.tensor.kind != TensorRef::Kind::Grads) continue;
     const Node& from = g.nodes[size_t(e.from)];
-    if (writes_grads(from) && from.device_set >= 0 && replicated_set[size_t(from.device_set)]) e.removed = true;
+    const bool sharded = from.region >= 0 && g.regions[size_t(from.region)].shard_directive >= 0;
+    if (writes_grads(from) && !sharded && from.device_set >= 0 && replicated_set[size_t(from.device_set)])
+      e.removed = true;
   }
 }
 

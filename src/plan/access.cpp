@@ -54,6 +54,7 @@ void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<in
       w(in.tmp);
       break;
     case Op::AllGather:
+    case Op::AllToAll:
       r(in.src);
       w(in.buf);
       break;

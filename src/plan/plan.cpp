@@ -21,6 +21,7 @@ const char* op_name(Op op) {
     case Op::AllReduce: return "all_reduce";
     case Op::ReduceScatter: return "reduce_scatter";
     case Op::AllGather: return "all_gather";
+    case Op::AllToAll: return "all_to_all";
     case Op::StepSync: return "step_sync";
   }
   return "?";
@@ -31,7 +32,8 @@ bool op_is_compute(Op op) {
 }
 
 bool op_is_async(Op op) {
-  return op == Op::Send || op == Op::Recv || op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather;
+  return op == Op::Send || op == Op::Recv || op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather ||
+         op == Op::AllToAll;
 }
 
 const char* buffer_kind_name(BufferKind k) {
@@ -89,6 +91,7 @@ std::string instr_label(const Plan& p, const Instr& in) {
     case Op::AllReduce: return cat("ALL_REDUCE bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
     case Op::ReduceScatter: return cat("REDUCE_SCATTER bucket", in.bucket, in.mb >= 0 ? cat(" mb", in.mb) : "");
     case Op::AllGather: return cat("ALL_GATHER bucket", in.bucket);
+    case Op::AllToAll: return cat("ALL_TO_ALL ", p.buffers[size_t(in.src)].name, " -> ", p.buffers[size_t(in.buf)].name);
   }
   return "?";
 }
@@ -145,6 +148,7 @@ std::string plan_to_text(const Plan& p) {
     buf("src", in.src);
     buf("tmp", in.tmp);
     if (in.count) os << " count=" << in.count;
+    if (in.parts) os << " parts=" << in.parts << " rows<=" << in.rows;
     if (in.flags) os << " flags=" << int(in.flags);
     if (std::find(in.overwrite.begin(), in.overwrite.end(), 1) != in.overwrite.end()) {
       os << " overwrite=";

@@ -19,6 +19,7 @@ enum class Op : uint8_t {
   Update,                                            // AdamW on a bucket's owned range
   Send, Recv,                                        // point-to-point (posted, completed later)
   AllReduce, ReduceScatter, AllGather,               // collectives on a group
+  AllToAll,                                          // counted rows exchanged inside a group (sharded segments)
   StepSync,                                          // all ranks: sum of [grad norm², loss]; sets the clip scale
 };
 const char* op_name(Op op);
@@ -71,6 +72,7 @@ struct PlanBucket {
   int32_t m_buf = -1, v_buf = -1;  // AdamW moments: full, or the owned shard
   bool shard_params = false, shard_grads = false, shard_optimizer = false;
   bool tied_copy = false;
+  bool owned_slices = false;  // sharded without gathers or reductions: each rank computes only with its slice
 };
 
 // A range of a buffer; with per_replica set the offset moves by replica × count on each rank.
@@ -102,7 +104,9 @@ struct Instr {
   float loss_scale = 0;
   // communication and update: destination `buf`, source `src` (-1: in place), scratch `tmp`
   int32_t buf = -1, src = -1, tmp = -1, m = -1, v = -1;
-  int64_t offset = 0, src_offset = 0, count = 0;  // elements; count is per rank for RS/AG
+  int64_t offset = 0, src_offset = 0, count = 0;  // elements; count is per rank for RS/AG, the row width for A2A
+  int32_t parts = 0;        // all-to-all: counted parts in the buffers' header (part p goes to rank p / (parts / n))
+  int64_t rows = 0;         // all-to-all: rows this rank sends at most (for the cost model)
   std::vector<Span> spans;  // step sync: gradient ranges this rank counts in the norm
   std::vector<int32_t> waits;  // instructions (on other streams) that must be complete first
 };

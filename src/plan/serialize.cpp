@@ -66,6 +66,8 @@ void put_instr(ByteWriter& w, const Instr& in) {
   w.put(in.offset);
   w.put(in.src_offset);
   w.put(in.count);
+  w.put(in.parts);
+  w.put(in.rows);
   put_int_vec(w, in.pbuf);
   put_int_vec(w, in.gbuf);
   put_int_vec(w, in.waits);
@@ -92,6 +94,8 @@ Instr get_instr(ByteReader& r) {
   in.offset = r.get<int64_t>();
   in.src_offset = r.get<int64_t>();
   in.count = r.get<int64_t>();
+  in.parts = r.get<int32_t>();
+  in.rows = r.get<int64_t>();
   in.pbuf = r.get_vector<int32_t>();
   in.gbuf = r.get_vector<int32_t>();
   in.waits = r.get_vector<int32_t>();

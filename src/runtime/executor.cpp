@@ -315,6 +315,9 @@ void Executor::execute(Stream& s, int32_t i) {
       post(group(in.group).reduce_scatter(src, dst, size_t(in.count), ctx));
       return;
     }
+    case Op::AllToAll:
+      post(group(in.group).all_to_all_rows(store_.f(in.src), store_.f(in.buf), in.parts, int(in.count), ctx));
+      return;
     case Op::AllGather: {
       const float* src = in.src >= 0 ? store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard) : nullptr;
       post(group(in.group).all_gather(src, store_.f(in.buf) + in.offset, size_t(in.count), ctx));
@@ -371,11 +374,20 @@ void Executor::run_compute(const Instr& in) {
   g.assign(np, nullptr);
   for (size_t i = 0; i < np; ++i) {
     const PlanParam& pp = plan_.plan_params[size_t(param_slot_[size_t(seg.params[i])])];
-    if (i < in.pbuf.size() && in.pbuf[i] >= 0) w[i] = store_.f(in.pbuf[i]) + pp.offset;
-    if (i < in.gbuf.size() && in.gbuf[i] >= 0) g[i] = store_.f(in.gbuf[i]) + pp.offset;
+    int64_t at = pp.offset;
+    const PlanBucket& pb = plan_.buckets[size_t(pp.bucket)];
+    if (pb.owned_slices) {  // only this rank's slice exists here; other ranks' parameters stay null
+      const int64_t shard = pb.padded / pb.group_size;
+      at -= int64_t(plan_.replica) * shard;
+      if (at < 0 || at >= shard) continue;
+    }
+    if (i < in.pbuf.size() && in.pbuf[i] >= 0) w[i] = store_.f(in.pbuf[i]) + at;
+    if (i < in.gbuf.size() && in.gbuf[i] >= 0) g[i] = store_.f(in.gbuf[i]) + at;
   }
   SegmentIO io;
   io.samples = in.samples;
+  io.shards = std::max(1, seg.shards);
+  io.shard = io.shards > 1 ? plan_.replica : 0;
   io.w = w.data();
   io.g = g.data();
   io.overwrite = in.overwrite.empty() ? nullptr : in.overwrite.data();

@@ -57,6 +57,7 @@ double instr_send_bytes(const Instr& in, int n) {
     case Op::AllReduce: return n > 1 ? 2.0 * (n - 1) / n * double(in.count) * elem : 0;
     case Op::ReduceScatter:
     case Op::AllGather: return double(n - 1) * double(in.count) * elem;  // count is per rank
+    case Op::AllToAll: return n > 1 ? double(n - 1) / n * double(in.rows) * double(in.count) * elem : 0;  // a bound
     default: return 0;
   }
 }

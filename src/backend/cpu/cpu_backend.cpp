@@ -2,6 +2,7 @@
 // work), OpenBLAS kernels, and MPI communicators with non-blocking collectives and point-to-point.
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -29,6 +30,66 @@ class MpiHandle final : public CommHandle {
 
  private:
   MPI_Request req_;
+};
+
+// all_to_all_rows on MPI: the counts with MPI_Ialltoall, then (once they are in) the rows with MPI_Ialltoallv.
+// Every rank must start the rows exchanges of a communicator in one order: an exchange starts its rows only
+// after every earlier exchange of the communicator has (`rows_started` counts them, `ticket` is its place).
+class RowsExchange final : public CommHandle {
+ public:
+  RowsExchange(MPI_Comm comm, int size, const void* src, void* dst, int parts, int width,
+               std::shared_ptr<int64_t> rows_started, int64_t ticket)
+      : comm_(comm), size_(size), q_(parts / size), width_(width), src_(static_cast<const int32_t*>(src)),
+        dst_(static_cast<int32_t*>(dst)), rows_started_(std::move(rows_started)), ticket_(ticket) {
+    PIPER_CHECK(parts % size == 0, "all_to_all_rows: ", parts, " parts over ", size, " ranks");
+    MPI_CHECK(MPI_Ialltoall(src_, q_, MPI_INT32_T, dst_, q_, MPI_INT32_T, comm_, &req_));
+  }
+  ~RowsExchange() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Request_free(&req_);
+  }
+  bool test() override {
+    if (req_ != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+      if (!flag) return false;
+    }
+    if (rows_posted_) return true;
+    if (*rows_started_ != ticket_) return false;  // an earlier exchange has not started its rows yet
+    post_rows();
+    ++*rows_started_;
+    return test();
+  }
+
+ private:
+  void post_rows() {
+    rows_posted_ = true;
+    const int parts = q_ * size_;
+    const float* src_rows = reinterpret_cast<const float*>(src_ + parts);
+    float* dst_rows = reinterpret_cast<float*>(dst_ + parts);
+    send_counts_.assign(size_t(size_), 0);
+    recv_counts_.assign(size_t(size_), 0);
+    for (int p = 0; p < parts; ++p) {
+      send_counts_[size_t(p / q_)] += src_[p] * width_;
+      recv_counts_[size_t(p / q_)] += dst_[p] * width_;
+    }
+    send_displs_.assign(size_t(size_), 0);
+    recv_displs_.assign(size_t(size_), 0);
+    for (int r = 1; r < size_; ++r) {
+      send_displs_[size_t(r)] = send_displs_[size_t(r) - 1] + send_counts_[size_t(r) - 1];
+      recv_displs_[size_t(r)] = recv_displs_[size_t(r) - 1] + recv_counts_[size_t(r) - 1];
+    }
+    MPI_CHECK(MPI_Ialltoallv(src_rows, send_counts_.data(), send_displs_.data(), MPI_FLOAT, dst_rows,
+                             recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, comm_, &req_));
+  }
+  MPI_Comm comm_;
+  int size_, q_, width_;
+  const int32_t* src_;
+  int32_t* dst_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  bool rows_posted_ = false;
+  std::shared_ptr<int64_t> rows_started_;
+  int64_t ticket_;
+  std::vector<int> send_counts_, recv_counts_, send_displs_, recv_displs_;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -69,6 +130,10 @@ class MpiCommunicator final : public Communicator {
                              MPI_FLOAT, comm_, &r));
     return std::make_unique<MpiHandle>(r);
   }
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
+                                              StreamContext*) override {
+    return std::make_unique<RowsExchange>(comm_, size_, src, dst, parts, width, rows_started_, exchanges_++);
+  }
   std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer, int tag, StreamContext*) override {
     MPI_Request r;
     MPI_CHECK(MPI_Isend(buf, int(count), MPI_FLOAT, local(peer), tag, comm_, &r));
@@ -89,6 +154,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   int size_ = 1, rank_ = 0;
   std::vector<int> to_local_;
+  std::shared_ptr<int64_t> rows_started_ = std::make_shared<int64_t>(0);  // all_to_all_rows, see RowsExchange
+  int64_t exchanges_ = 0;
 };
 
 class CpuBackend final : public Backend {

@@ -212,6 +212,49 @@ class NcclCommunicator final : public Communicator {
     return end_collective(op);
   }
 
+  // Counts first (grouped send/recv of parts/size int32 per peer), read back to the host to size the rows,
+  // then the rows as grouped send/recv. The calling stream thread waits for the counts.
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
+                                              StreamContext* s) override {
+    PIPER_CHECK(parts % size_ == 0, "all_to_all_rows: ", parts, " parts over ", size_, " ranks");
+    std::lock_guard<std::mutex> lock(mu_);
+    auto op = begin_collective(s);
+    const int q = parts / size_;
+    const auto* src_counts = static_cast<const int32_t*>(src);
+    auto* dst_counts = static_cast<int32_t*>(dst);
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      NCCL_CHECK(ncclSend(src_counts + size_t(r) * q, size_t(q), ncclInt32, r, group_->comm, group_->stream));
+      NCCL_CHECK(ncclRecv(dst_counts + size_t(r) * q, size_t(q), ncclInt32, r, group_->comm, group_->stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    std::vector<int32_t> sent(static_cast<size_t>(parts)), got(static_cast<size_t>(parts));
+    CUDA_CHECK(cudaMemcpyAsync(sent.data(), src_counts, sizeof(int32_t) * size_t(parts), cudaMemcpyDeviceToHost,
+                               group_->stream));
+    CUDA_CHECK(cudaMemcpyAsync(got.data(), dst_counts, sizeof(int32_t) * size_t(parts), cudaMemcpyDeviceToHost,
+                               group_->stream));
+    CUDA_CHECK(cudaStreamSynchronize(group_->stream));
+    const float* src_rows = reinterpret_cast<const float*>(src_counts + parts);
+    float* dst_rows = reinterpret_cast<float*>(dst_counts + parts);
+    size_t send_at = 0, recv_at = 0;
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size_; ++r) {
+      size_t send_rows = 0, recv_rows = 0;
+      for (int p = r * q; p < (r + 1) * q; ++p) {
+        send_rows += size_t(sent[size_t(p)]);
+        recv_rows += size_t(got[size_t(p)]);
+      }
+      if (send_rows)
+        NCCL_CHECK(ncclSend(src_rows + send_at, send_rows * size_t(width), ncclFloat, r, group_->comm, group_->stream));
+      if (recv_rows)
+        NCCL_CHECK(ncclRecv(dst_rows + recv_at, recv_rows * size_t(width), ncclFloat, r, group_->comm, group_->stream));
+      send_at += send_rows * size_t(width);
+      recv_at += recv_rows * size_t(width);
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    return end_collective(op);
+  }
+
   // NCCL matches the transfers of one (peer, direction) in posting order; the tag is not needed.
   std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer_world_rank, int,
                                    StreamContext* s) override {

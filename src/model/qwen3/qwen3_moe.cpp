@@ -223,6 +223,8 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
   z.stash_bytes = ExpertsStash(nullptr, s).bytes;
   z.wstash_bytes = ExpertsWStash(nullptr, s).bytes;
   z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f;  // + d(silu(g)·u)
+  z.ragged_parts = s.parts;
+  z.ragged_width = s.C;
   return z;
 }
 
@@ -323,7 +325,8 @@ const SegmentType& moe_dispatch_type() {
 
 const SegmentType& moe_experts_type() {
   static const SegmentType t{"qwen3.moe_experts", DataSlot::None, true, false, experts_sizes, experts_forward,
-                             experts_backward_input, experts_backward_weight};
+                             experts_backward_input, experts_backward_weight, nullptr, nullptr, false, 0,
+                             [](const ModelDims& d) { return d.moe_experts; }};
   return t;
 }
 
