@@ -10,6 +10,7 @@ BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BENCHMARKS=(
   "quickstart.sh"
   "families.py"
+  "moe.py"
   "compile_scale.py"
   "zero.py"
   "schedules.py"

@@ -79,9 +79,14 @@ void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_C
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  constexpr int K = 7;
-  double mine[K] = {total.wall,  total.compute,          total.communication,   total.hidden,
-                    total.p2p_bytes, total.collective_bytes, plan.predicted_bubble};
+  constexpr int K = 9;
+  double mine[K] = {total.wall,      total.compute,          total.communication,  total.hidden,
+                    total.p2p_bytes, total.collective_bytes, plan.predicted_bubble, total.all_to_all,
+                    total.all_to_all_hidden};
+  bool exchanges = false;  // the job has all-to-all exchanges: report them apart
+  for (const auto& in : plan.instrs) exchanges |= in.op == Op::AllToAll;
+  int any = exchanges ? 1 : 0;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, world));
   std::vector<double> all(rank == 0 ? size_t(K * size) : 0);
   MPI_CHECK(MPI_Gather(mine, K, MPI_DOUBLE, all.data(), K, MPI_DOUBLE, 0, world));
   if (rank != 0 || steps <= 0) return;
@@ -94,9 +99,13 @@ void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_C
     const double bubble = wall > 0 ? std::max(0.0, 1.0 - compute / wall) : 0;
     const double hidden = v[2] > 0 ? v[3] / v[2] : 0;
     std::printf("timeline rank=%d wall_ms=%.3f compute_ms=%.3f bubble=%.4f predicted_bubble=%.4f comm_ms=%.3f "
-                "hidden=%.4f p2p_mb=%.4f collective_mb=%.4f\n",
+                "hidden=%.4f p2p_mb=%.4f collective_mb=%.4f",
                 r, wall * 1e3, compute * 1e3, bubble, v[6], comm * 1e3, hidden, v[4] / double(steps) / 1e6,
                 v[5] / double(steps) / 1e6);
+    if (any)  // all-to-all time, the share of it hidden behind compute, and the exposed rest
+      std::printf(" a2a_ms=%.3f a2a_hidden=%.4f a2a_exposed_ms=%.3f", v[7] / double(steps) * 1e3,
+                  v[7] > 0 ? v[8] / v[7] : 0.0, (v[7] - v[8]) / double(steps) * 1e3);
+    std::printf("\n");
   }
   std::fflush(stdout);
 }

@@ -1,6 +1,6 @@
 // One global topological order of the training DAG, restricted to each device set: the order in which
 // that set's plan issues its nodes. Ready communication goes first; compute breaks ties by microbatch,
-// so an unordered set runs F0 B0 F1 B1 ... Parameter gathers that no node waits on are left out here:
+// so an unordered set runs F0 B0 F1 B1 ..., except that consumers of an all-to-all wait for other work. Parameter gathers that no node waits on are left out here:
 // the lowering issues them one use ahead.
 #include "compile/sequence.hpp"
 
@@ -27,20 +27,25 @@ std::vector<std::vector<int>> set_sequences(const Graph& g) {
   std::vector<int> indeg(g.nodes.size(), 0);
   for (const auto& e : g.edges)
     if (!e.removed) ++indeg[size_t(e.to)];
-  // (class, microbatch, kind, id): class 0 communication, 1 compute and updates
-  using Key = std::tuple<int, int, int, int>;
+  // A node that consumes an exchange yields to other ready compute, so that the exchange can run while
+  // something else computes (another microbatch in the same slot).
+  std::vector<char> after_exchange(g.nodes.size(), 0);
+  for (const auto& e : g.edges)
+    if (!e.removed && g.nodes[size_t(e.from)].kind == NodeKind::ALL_TO_ALL) after_exchange[size_t(e.to)] = 1;
+  // (class, after an exchange, microbatch, kind, id): class 0 communication, 1 compute and updates
+  using Key = std::tuple<int, int, int, int, int>;
   auto key = [&](int id) {
     const Node& n = g.nodes[size_t(id)];
     int cls = is_comm(n.kind) ? 0 : 1;
     int kind_rank = n.kind == NodeKind::F ? 1 : 0;
-    return Key{cls, n.mb, kind_rank, id};
+    return Key{cls, after_exchange[size_t(id)], n.mb, kind_rank, id};
   };
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
   for (const auto& n : g.nodes)
     if (!n.removed && indeg[size_t(n.id)] == 0) ready.push(key(n.id));
   std::vector<int> order;
   while (!ready.empty()) {
-    int id = std::get<3>(ready.top());
+    int id = std::get<4>(ready.top());
     ready.pop();
     order.push_back(id);
     for (int ei : out[size_t(id)]) {

@@ -45,6 +45,8 @@ StepTimes& StepTimes::operator+=(const StepTimes& o) {
   compute += o.compute;
   communication += o.communication;
   hidden += o.hidden;
+  all_to_all += o.all_to_all;
+  all_to_all_hidden += o.all_to_all_hidden;
   p2p_bytes += o.p2p_bytes;
   collective_bytes += o.collective_bytes;
   return *this;
@@ -64,12 +66,13 @@ double instr_send_bytes(const Instr& in, int n) {
 
 StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, double step_start, double step_end,
                      const std::vector<int>& group_sizes) {
-  std::vector<Interval> compute, comm;
+  std::vector<Interval> compute, comm, exchange;
   StepTimes t;
   for (const auto& e : events) {
     const Instr& in = plan.instrs[size_t(e.instr)];
     if (op_is_async(in.op)) {
       comm.push_back({e.start, e.end});
+      if (in.op == Op::AllToAll) exchange.push_back({e.start, e.end});
       const double b = instr_send_bytes(in, in.group >= 0 ? group_sizes[size_t(in.group)] : 2);
       (in.op == Op::Send || in.op == Op::Recv ? t.p2p_bytes : t.collective_bytes) += b;
     } else if (in.op != Op::StepSync) {
@@ -81,6 +84,9 @@ StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, do
   t.compute = length(c);
   t.communication = length(m);
   t.hidden = overlap(c, m);
+  auto x = merged(exchange);
+  t.all_to_all = length(x);
+  t.all_to_all_hidden = overlap(c, x);
   return t;
 }
 

@@ -20,6 +20,8 @@ struct StepTimes {
   double compute = 0;       // union of compute, update and step-sync-free work
   double communication = 0; // union of posted-to-completed communication
   double hidden = 0;        // communication time during which compute was busy
+  double all_to_all = 0;        // union of posted-to-completed all-to-all exchanges
+  double all_to_all_hidden = 0; // of which compute was busy
   double p2p_bytes = 0;         // bytes this rank sent point-to-point
   double collective_bytes = 0;  // bytes this rank sent in collectives (ring-algorithm volume)
   StepTimes& operator+=(const StepTimes& o);

@@ -5,7 +5,9 @@ EP2 x PP2 under 1F1B, ZB-H1 and DualPipeV, and resuming an EP checkpoint as one 
 same run as one process within 1e-5 over 20 steps."""
 import os
 
-from common import compare, fail, losses, run, tempdir, tiny_qwen3, write
+from common import DATA, ROOT, compare, fail, losses, run, tempdir, tiny_qwen3, write
+
+DATA_LINE = f'path = "{DATA}"'
 
 RTOL = 1e-5
 LAYERS = 4
@@ -80,6 +82,27 @@ def main():
                 os.path.join(d, "dump", "graph.txt")).read():
             fail("EP2: the training graph has no ALL_TO_ALL nodes")
         compare(name, refs[capacity], losses(out), RTOL)
+
+    # Deliberately unbalanced routing: a data file of one repeated byte gives every token the same hidden
+    # state, so every token of every sequence goes to the same two experts (all on one rank under EP4).
+    same = os.path.join(d, "same.txt")
+    with open(same, "w") as f:
+        f.write("a" * 4096)
+    for capacity in (0.0, 0.6):
+        text = job("same", capacity).replace(DATA_LINE, f'path = "{same}"')
+        path = os.path.join(d, f"same-ref{capacity}.jsonl")
+        run(1, write(d, f"same-ref{capacity}.toml", text), "--metrics", path)
+        for ranks in (2, 4):
+            out = os.path.join(d, f"same{ranks}-{capacity}.jsonl")
+            run(ranks, write(d, f"same{ranks}-{capacity}.toml", text + ep + replicate() + shard()), "--metrics", out)
+            compare(f"EP{ranks}, every token routed to the same experts, capacity {capacity}", losses(path),
+                    losses(out), RTOL)
+
+    # The example jobs compile for their rank counts.
+    for config, world in (("configs/moe-ep2-dp2.toml", 2), ("configs/moe-pp2-ep2-dualpipev.toml", 4),
+                          ("configs/qwen3-moe-1b-pp8-dp2.toml", 16)):
+        p = run(1, os.path.join(ROOT, config), "--dry-run", "--world", str(world))
+        print(f"ok  {config} compiles for {world} ranks")
 
     # An EP checkpoint (experts saved by their owners) resumes as one process.
     ck = os.path.join(d, "ck")

@@ -33,13 +33,15 @@ class MpiHandle final : public CommHandle {
 };
 
 // all_to_all_rows on MPI: the counts with MPI_Ialltoall, then (once they are in) the rows with MPI_Ialltoallv.
-// Every rank must start the rows exchanges of a communicator in one order: an exchange starts its rows only
-// after every earlier exchange of the communicator has (`rows_started` counts them, `ticket` is its place).
+// Counts and rows travel on two communicators, each seeing its collectives in one order on every rank: the
+// counts in the order the exchanges are posted, the rows in the same order because an exchange starts its
+// rows only after every earlier exchange of the communicator has (`rows_started` counts them, `ticket` is
+// its place).
 class RowsExchange final : public CommHandle {
  public:
-  RowsExchange(MPI_Comm comm, int size, const void* src, void* dst, int parts, int width,
+  RowsExchange(MPI_Comm comm, MPI_Comm rows_comm, int size, const void* src, void* dst, int parts, int width,
                std::shared_ptr<int64_t> rows_started, int64_t ticket)
-      : comm_(comm), size_(size), q_(parts / size), width_(width), src_(static_cast<const int32_t*>(src)),
+      : comm_(comm), rows_comm_(rows_comm), size_(size), q_(parts / size), width_(width), src_(static_cast<const int32_t*>(src)),
         dst_(static_cast<int32_t*>(dst)), rows_started_(std::move(rows_started)), ticket_(ticket) {
     PIPER_CHECK(parts % size == 0, "all_to_all_rows: ", parts, " parts over ", size, " ranks");
     MPI_CHECK(MPI_Ialltoall(src_, q_, MPI_INT32_T, dst_, q_, MPI_INT32_T, comm_, &req_));
@@ -79,9 +81,9 @@ class RowsExchange final : public CommHandle {
       recv_displs_[size_t(r)] = recv_displs_[size_t(r) - 1] + recv_counts_[size_t(r) - 1];
     }
     MPI_CHECK(MPI_Ialltoallv(src_rows, send_counts_.data(), send_displs_.data(), MPI_FLOAT, dst_rows,
-                             recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, comm_, &req_));
+                             recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, rows_comm_, &req_));
   }
-  MPI_Comm comm_;
+  MPI_Comm comm_, rows_comm_;
   int size_, q_, width_;
   const int32_t* src_;
   int32_t* dst_;
@@ -109,8 +111,12 @@ class MpiCommunicator final : public Communicator {
     to_local_ = cr;
     MPI_Group_free(&g);
     MPI_Group_free(&wg);
+    MPI_CHECK(MPI_Comm_dup(comm_, &rows_comm_));  // all_to_all_rows: the rows' own order
   }
-  ~MpiCommunicator() override { MPI_Comm_free(&comm_); }
+  ~MpiCommunicator() override {
+    MPI_Comm_free(&rows_comm_);
+    MPI_Comm_free(&comm_);
+  }
   int size() const override { return size_; }
   int rank() const override { return rank_; }
 
@@ -132,7 +138,8 @@ class MpiCommunicator final : public Communicator {
   }
   std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
                                               StreamContext*) override {
-    return std::make_unique<RowsExchange>(comm_, size_, src, dst, parts, width, rows_started_, exchanges_++);
+    return std::make_unique<RowsExchange>(comm_, rows_comm_, size_, src, dst, parts, width, rows_started_,
+                                          exchanges_++);
   }
   std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer, int tag, StreamContext*) override {
     MPI_Request r;
@@ -151,7 +158,7 @@ class MpiCommunicator final : public Communicator {
     PIPER_CHECK(l != MPI_UNDEFINED, "world rank ", world_rank, " is not in this communicator");
     return l;
   }
-  MPI_Comm comm_;
+  MPI_Comm comm_, rows_comm_ = MPI_COMM_NULL;
   int size_ = 1, rank_ = 0;
   std::vector<int> to_local_;
   std::shared_ptr<int64_t> rows_started_ = std::make_shared<int64_t>(0);  // all_to_all_rows, see RowsExchange

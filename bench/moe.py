@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Expert parallelism under two pipeline schedules, side by side in one run: the configs/qwen3-moe-small.toml
+model (8 experts, top-2) on 4 ranks as PP2 x EP2 (experts sharded over each stage's 2 ranks, the rest
+data-parallel), once with 1F1B (two stages of two layers) and once with DualPipeV (four one-layer stages
+in a V, whose slots hold F and B of different microbatches). For each: step time, all-to-all time per
+step, the part of it exposed (not hidden behind compute), from the end-of-run report (mean over ranks),
+and the cost model's predicted step time from --dry-run next to the measured one.
+
+    bench/moe.py BUILD_DIR [--rounds R] [--steps N] [--microbatches M]
+
+On a machine with fewer cores than ranks the ranks share cores, so compute and communication compete
+and "hidden" understates what separate devices would overlap; the numbers are what this machine did.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+from bench_common import ROOT, mpi_env, piper_path
+
+EXPERTS = "\n".join(f'            ["model.layers.{i}.mlp.experts", "model.layers.{i}.mlp.experts"],' for i in range(4))
+
+
+def strategy(kind, m):
+    text = "\n[[annotate]]\ntag = \"EP\"\nsegments = [\n" + EXPERTS + "\n]\n"
+    text += f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
+    if kind == "1f1b":
+        text += "\n[[annotate]]\ntag = \"PP\"\nlayers = [[0, 1], [2, 3]]\n"
+        places = ((0, "[0, 2]"), (1, "[1, 3]"))
+    else:
+        text += "\n[[annotate]]\ntag = \"PP\"\nlayers = [[0, 0], [1, 1], [2, 2], [3, 3]]\n"
+        places = ((0, "[0, 2]"), (1, "[1, 3]"), (2, "[1, 3]"), (3, "[0, 2]"))
+    for s, devices in places:
+        text += f"\n[[directive]]\nop = \"place\"\nfilter = {{ PP = {s} }}\ndevices = {devices}\n"
+    text += "\n[[directive]]\nop = \"replicate\"\nfilter = {}\nzero = 1\n"
+    text += "\n[[directive]]\nop = \"shard\"\nfilter = { EP = \"*\" }\nstream = \"ep\"\n"
+    return text + f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n"
+
+
+def run(cmd, log):
+    print("+ " + " ".join(cmd) + f"   > {os.path.relpath(log, ROOT)}", flush=True)
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=mpi_env())
+    if p.returncode != 0:
+        sys.exit(f"moe.py: command failed ({p.returncode}); see {log}")
+    return open(log).read()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--microbatches", type=int, default=8)
+    a = ap.parse_args()
+    piper = piper_path(a.build)
+    out = os.path.join(os.path.abspath(a.build), "bench-results", "moe")
+    os.makedirs(out, exist_ok=True)
+    base = open(os.path.join(ROOT, "configs", "qwen3-moe-small.toml")).read()
+    base = base[:base.index("[checkpoint]")]
+    results = {}
+    predicted = {}
+    for kind in ("1f1b", "dualpipev"):
+        cfg = os.path.join(out, f"{kind}.toml")
+        with open(cfg, "w") as f:
+            f.write(base + strategy(kind, a.microbatches))
+        text = run([piper, "--config", cfg, "--dry-run", "--world", "4", "--set", "job.threads=1"],
+                   os.path.join(out, f"{kind}-dry.log"))
+        predicted[kind] = float(re.search(r"predicted step ([0-9.e+-]+) s", text).group(1))
+    for r in range(1, a.rounds + 1):
+        for kind in ("1f1b", "dualpipev"):
+            cfg = os.path.join(out, f"{kind}.toml")
+            text = run(["mpirun", "-np", "4", piper, "--config", cfg, "--steps", str(a.steps), "--set", "job.threads=1"],
+                       os.path.join(out, f"{kind}-r{r}.log"))
+            rows = [dict(kv.split("=") for kv in l.split()[1:]) for l in text.splitlines() if l.startswith("timeline rank=")]
+            mean = lambda k: statistics.mean(float(x[k]) for x in rows)
+            res = (mean("wall_ms"), mean("a2a_ms"), mean("a2a_exposed_ms"))
+            results.setdefault(kind, []).append(res)
+            print(f"  round {r} {kind}: step {res[0]:.1f} ms, all-to-all {res[1]:.1f} ms, exposed {res[2]:.1f} ms",
+                  flush=True)
+    print()
+    print(f"PP2 x EP2 on 4 ranks, {a.microbatches} microbatches, median over {a.rounds} rounds of the mean over ranks "
+          f"of steps 2-{a.steps}")
+    head = ("schedule", "step ms", "predicted step ms", "all-to-all ms", "exposed all-to-all ms", "hidden share")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for kind in ("1f1b", "dualpipev"):
+        rs = results[kind]
+        step = statistics.median(x[0] for x in rs)
+        a2a = statistics.median(x[1] for x in rs)
+        exposed = statistics.median(x[2] for x in rs)
+        print(f"| {kind} | {step:.1f} | {predicted[kind] * 1e3:.1f} | {a2a:.1f} | {exposed:.1f} | "
+              f"{(1 - exposed / a2a) if a2a > 0 else 0:.2f} |")
+    e1 = statistics.median(x[2] for x in results["1f1b"])
+    ev = statistics.median(x[2] for x in results["dualpipev"])
+    print(f"exposed all-to-all, DualPipeV / 1F1B: {ev / e1:.2f} (the goal: 0.5 or less)")
+
+
+if __name__ == "__main__":
+    main()
