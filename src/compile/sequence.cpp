@@ -32,13 +32,17 @@ std::vector<std::vector<int>> set_sequences(const Graph& g) {
   std::vector<char> after_exchange(g.nodes.size(), 0);
   for (const auto& e : g.edges)
     if (!e.removed && g.nodes[size_t(e.from)].kind == NodeKind::ALL_TO_ALL) after_exchange[size_t(e.to)] = 1;
-  // (class, after an exchange, microbatch, kind, id): class 0 communication, 1 compute and updates
+  // (class, after an exchange, rank, kind, id): class 0 communication, 1 compute and updates; rank is the
+  // microbatch, or for consumers of an exchange the order in which they became ready, so that the oldest
+  // exchange's consumer goes first and two microbatches' chains alternate around their exchanges.
   using Key = std::tuple<int, int, int, int, int>;
+  int became_ready = 0;
   auto key = [&](int id) {
     const Node& n = g.nodes[size_t(id)];
     int cls = is_comm(n.kind) ? 0 : 1;
     int kind_rank = n.kind == NodeKind::F ? 1 : 0;
-    return Key{cls, after_exchange[size_t(id)], n.mb, kind_rank, id};
+    const int delayed = after_exchange[size_t(id)];
+    return Key{cls, delayed, delayed ? became_ready++ : n.mb, kind_rank, id};
   };
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
   for (const auto& n : g.nodes)
