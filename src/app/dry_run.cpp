@@ -8,6 +8,7 @@
 #include "app/launch.hpp"
 #include "compile/compile.hpp"
 #include "ir/dump.hpp"
+#include "model/segment_type.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -108,6 +109,18 @@ int dry_run(const CliOptions& opts, int world_size) {
     std::printf("  %s: segments %s .. %s\n", r.label().c_str(),
                 result.model.segments[size_t(r.seg_begin)].name.c_str(),
                 result.model.segments[size_t(r.seg_end - 1)].name.c_str());
+  // Counted-row buffers (routed tokens) are sized by a bound: say which one.
+  for (size_t i = 0; i < result.model.segments.size(); ++i) {
+    Segment seg = result.model.segments[i];
+    seg.shards = g.segment_shards[i];
+    const SegmentSizes z = segment_sizes(seg, result.model.dims, g.samples_per_microbatch);
+    if (z.ragged_parts == 0 || z.ragged_width == 0) continue;
+    const size_t rows = (z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width));
+    std::printf("routed rows: %s holds up to %zu rows per microbatch (%s%s)\n", seg.name.c_str(), rows,
+                spec.model.moe_capacity_factor > 0 ? "the capacity of every expert" : "the worst case, dropless",
+                seg.shards > 1 ? cat(", from all ", seg.shards, " ranks of its set").c_str() : "");
+    break;  // every MoE layer has the same bound
+  }
   std::printf("graph: %zu nodes\n", g.live_nodes());
   std::printf("%5s %8s %13s %12s %14s   peak by kind (MiB): params grads optim activations comm workspace\n", "set",
               "ranks", "instructions", "plan bytes", "est. peak MiB");
