@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NP ?= 1
 
-.PHONY: all deps configure build run test bench data clean
+.PHONY: all deps configure build run test bench data clean bundle bundle-check
 
 all: build
 
@@ -28,6 +28,12 @@ test: build data
 
 bench: build data
 	@bench/run-all.sh $(BUILD)
+
+bundle:
+	@tools/gpu-bundle.sh
+
+bundle-check: bundle
+	@tools/gpu-bundle-check.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "config/load.hpp"
+#include "test_util.hpp"
 #include "util/error.hpp"
 
 using namespace piper;
@@ -134,8 +135,8 @@ TEST_CASE("malformed --set overrides are rejected", "[config]") {
 }
 
 TEST_CASE("qwen3 keys: defaults, derived head_dim and checked head counts", "[config]") {
-  // data.path must name a file that exists: this source file stands in for one
-  const std::string data = std::string("\n[data]\npath = \"") + PIPER_SOURCE_DIR + "/tests/unit/test_config.cpp\"\n";
+  // data.path must name a file that exists
+  const std::string data = "\n[data]\npath = \"" + test::scratch_data_file() + "\"\n";
   const std::string model = "[model]\nkind = \"qwen3\"\nvocab = 151936\nd_model = 64\nn_heads = 8\n";
   JobSpec s = load_job_text(model + data, "job.toml", {});
   CHECK(s.model.kind == "qwen3");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -113,10 +114,15 @@ void check_close(const std::vector<float>& got, const std::vector<float>& want, 
   INFO(msg.str());
   CHECK(finite);
   CHECK(worst <= rtol);
+  // one line per comparison, for the GPU check's summary
+  std::printf("cuda-vs-cpu | %s | worst relative error %.3g | tolerance %.3g%s\n", what.c_str(), worst, rtol,
+              finite ? "" : " | NOT FINITE");
 }
 
 void check_close(double got, double want, double rtol, const std::string& what) {
   INFO(what << ": cuda " << got << ", cpu " << want);
+  std::printf("cuda-vs-cpu | %s | relative error %.3g | tolerance %.3g\n", what.c_str(),
+              std::fabs(got - want) / std::max(1.0, std::fabs(want)), rtol);
   CHECK(std::fabs(got - want) <= rtol * std::max(1.0, std::fabs(want)));
 }
 

@@ -9,6 +9,7 @@
 #include "compile/compile.hpp"
 #include "config/load.hpp"
 #include "passes/passes.hpp"
+#include "test_util.hpp"
 #include "util/error.hpp"
 
 using namespace piper;
@@ -139,7 +140,7 @@ namespace {
 void compile_tied_pipeline(CompileResult& r) {
   std::string text =
       "[model]\nkind = \"gpt\"\nvocab = 256\nseq_len = 8\nd_model = 16\nn_layers = 2\nn_heads = 2\nd_ff = 32\n"
-      "[data]\npath = \"" PIPER_SOURCE_DIR "/tests/unit/main.cpp\"\nbatch = 4\n[mesh]\npp = 2\nmicrobatches = 2\n";
+      "[data]\npath = \"" + piper::test::scratch_data_file() + "\"\nbatch = 4\n[mesh]\npp = 2\nmicrobatches = 2\n";
   JobSpec spec = load_job_text(text, "job.toml");
   expand_mesh(spec, 2);
   compile_job(spec, 2, r);

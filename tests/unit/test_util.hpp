@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -13,6 +15,17 @@
 #include <vector>
 
 namespace piper::test {
+
+// A small text file in the temporary folder, for jobs that only need data.path to name a readable file.
+inline std::string scratch_data_file() {
+  const std::string path = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/piper-unit-data.txt";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f) {
+    for (int i = 0; i < 64; ++i) std::fputs("the quick brown fox jumps over the lazy dog\n", f);
+    std::fclose(f);
+  }
+  return path;
+}
 
 // ---- random inputs ----
 struct Rand {

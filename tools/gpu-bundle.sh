@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Builds a self-contained CUDA bundle for a GPU machine that has CUDA but none of this project's packages:
+# piper, its unit tests and sgemm_peak for sm_90 (+PTX), every shared library they and Open MPI need except
+# libc, libcuda and the CUDA runtime libraries, Open MPI's plugins and help files, an env.sh, configs and data.
+# Usage: tools/gpu-bundle.sh [OUT_DIR]   (default build-bundle/piper-gpu; also writes OUT_DIR.tar.xz)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${1:-build-bundle/piper-gpu}
+BUILD=${BUNDLE_BUILD:-build-bundle/build}
+ARCH=${CUDA_ARCH:-90}
+
+mkdir -p "$BUILD"
+command -v nvcc >/dev/null || { echo "gpu-bundle: nvcc is not on PATH; the bundle needs the CUDA toolkit" >&2; exit 2; }
+tools/install-deps.sh
+tools/prepare-data.sh
+
+# Portable CPU code (x86-64-v3: AVX2 and FMA, every recent server) and sm_90 SASS plus compute_90 PTX.
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPIPER_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
+  -DCMAKE_CUDA_ARCHITECTURES="${ARCH}-real;${ARCH}-virtual" > "$BUILD.configure.log" 2>&1 ||
+  { cat "$BUILD.configure.log"; exit 1; }
+grep -q "CUDA backend ON" "$BUILD.configure.log" || { cat "$BUILD.configure.log"; echo "gpu-bundle: CUDA backend off" >&2; exit 1; }
+cmake --build "$BUILD" -j "$(nproc)" --target piper piper_tests sgemm_peak
+
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/configs" "$OUT/data" "$OUT/tools"
+cp "$BUILD/piper" "$BUILD/tests/piper_tests" "$BUILD/bench/sgemm_peak" "$OUT/bin/"
+
+# Open MPI as Debian lays it out, mirrored under the bundle so that OPAL_PREFIX relocates it.
+OMPI_LIB=/usr/lib/x86_64-linux-gnu/openmpi/lib
+PMIX_DIR=/usr/lib/x86_64-linux-gnu/pmix2
+cp -L /usr/bin/orterun "$OUT/bin/orterun"
+cp -L /usr/bin/orted "$OUT/bin/orted"
+ln -sf orterun "$OUT/bin/mpirun"
+mkdir -p "$OUT/lib/x86_64-linux-gnu/openmpi/lib/openmpi3" "$OUT/share/openmpi" "$OUT/lib/x86_64-linux-gnu/pmix2/lib/pmix" \
+  "$OUT/lib/x86_64-linux-gnu/pmix2/share"
+cp -r /usr/share/openmpi/. "$OUT/share/openmpi/"
+cp -r "$PMIX_DIR/share/." "$OUT/lib/x86_64-linux-gnu/pmix2/share/"
+cp "$PMIX_DIR"/lib/pmix/*.so "$OUT/lib/x86_64-linux-gnu/pmix2/lib/pmix/"
+# Plugins for interconnects the GPU machine does not have (InfiniBand verbs, UCX, PSM, libfabric) are left out.
+SKIP_DEPS='libuc[mpst]|libpsm|infinipath|libibverbs|libfabric|librdmacm|libefa|libnl-'
+for so in "$OMPI_LIB"/openmpi3/*.so; do
+  ldd "$so" | grep -qE "$SKIP_DEPS" && continue
+  cp "$so" "$OUT/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/"
+done
+
+# Every shared library of the binaries and plugins, but libc's own, the dynamic loader, libcuda and the
+# CUDA runtime libraries (cudart, cuBLAS, NCCL: the GPU image has them).
+SYSTEM='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libresolv|/libcuda\.so|libcudart|libcublas|libnccl'
+collect() {
+  ldd "$1" 2>/dev/null | awk '/=> \//{print $3}' | grep -vE "$SYSTEM" || true
+}
+mapfile -t objects < <(find "$OUT/bin" "$OUT/lib" -type f \( -name '*.so*' -o -perm -u+x \))
+declare -A seen=()
+queue=()
+for o in "${objects[@]}"; do queue+=("$o"); done
+while ((${#queue[@]})); do
+  o=${queue[0]}
+  queue=("${queue[@]:1}")
+  while read -r lib; do
+    [[ -n "$lib" && -z "${seen[$lib]:-}" ]] || continue
+    seen[$lib]=1
+    cp -L "$lib" "$OUT/lib/"
+    queue+=("$lib")
+  done < <(collect "$o")
+done
+strip --strip-unneeded "$OUT"/bin/piper "$OUT"/bin/piper_tests "$OUT"/bin/sgemm_peak 2>/dev/null || true
+
+cp configs/*.toml "$OUT/configs/"
+cp data/fortunes.txt "$OUT/data/"
+cp tools/gpu-check.sh "$OUT/tools/"
+
+cat > "$OUT/env.sh" <<'ENV'
+# Source this: paths for the bundle's binaries, libraries and Open MPI (relocated with OPAL_PREFIX), and the
+# CUDA runtime libraries the machine has (the CUDA toolkit, or the NVIDIA wheels of a Python installation).
+B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export OPAL_PREFIX="$B" PMIX_PREFIX="$B/lib/x86_64-linux-gnu/pmix2"
+export PMIX_MCA_mca_base_component_path="$B/lib/x86_64-linux-gnu/pmix2/lib/pmix"
+export OMPI_MCA_mca_base_component_show_load_errors=0
+export OMPI_MCA_plm_rsh_agent=${OMPI_MCA_plm_rsh_agent:-false}  # one node: no ssh needed
+export PATH="$B/bin:$PATH"
+cuda_libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(os.path.join(p, d, "lib") for d in os.listdir(p)))' 2>/dev/null); do
+  [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
+done
+export LD_LIBRARY_PATH="$B/lib:$B/lib/x86_64-linux-gnu/openmpi/lib${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ENV
+
+size=$(du -sm "$OUT" | cut -f1)
+tar -C "$(dirname "$OUT")" -cJf "$OUT.tar.xz" "$(basename "$OUT")"
+echo "gpu-bundle: $OUT ($size MiB unpacked, $(du -m "$OUT.tar.xz" | cut -f1) MiB as $OUT.tar.xz)"
