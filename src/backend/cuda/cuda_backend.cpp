@@ -2,11 +2,13 @@
 // per executor stream, CudaKernels, and NCCL communicators. The GPU is local_rank modulo the devices visible.
 #ifdef PIPER_HAVE_CUDA
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/cuda/cuda_kernels.hpp"
+#include "backend/cuda/host_staged_communicator.hpp"
 #include "backend/cuda/nccl_communicator.hpp"
 
 namespace piper {
@@ -131,12 +133,25 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) override {
+    // NCCL needs a GPU per rank; ranks sharing one (tests, small jobs) exchange through host memory
+    if (members_share_a_gpu(comm, device_)) {
+      if (!warned_shared_) {
+        int rank = 0;
+        MPI_Comm_rank(world, &rank);
+        if (rank == 0)
+          std::fprintf(stderr, "piper: ranks share a GPU; their communication goes through host memory (MPI), "
+                               "not NCCL\n");
+        warned_shared_ = true;
+      }
+      return make_host_staged_communicator(comm, world);
+    }
     return make_nccl_communicator(comm, world, device_);
   }
 
 
  private:
   int device_ = 0;
+  bool warned_shared_ = false;
   std::unique_ptr<CudaStream> fallback_;  // for threads without a bound stream
   std::unique_ptr<CudaKernels> kernels_;
 };

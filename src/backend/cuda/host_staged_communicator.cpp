@@ -1,0 +1,204 @@
+// A communicator for ranks that share a GPU, where NCCL refuses to build one (it needs a device per rank):
+// every operation copies device data to the host, runs MPI there and copies the result back.
+// Slower than NCCL by the copies; it exists so that such jobs (tests, small runs) still work.
+#ifdef PIPER_HAVE_CUDA
+#include "backend/cuda/host_staged_communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_common.hpp"
+#include "util/error.hpp"
+#include "util/mpi_check.hpp"
+
+namespace piper {
+
+namespace {
+
+cudaStream_t caller_stream(StreamContext* s) {
+  if (auto* cs = dynamic_cast<CudaStream*>(s)) return cs->stream();
+  CudaStream* bound = bound_cuda_stream();
+  return bound ? bound->stream() : nullptr;
+}
+
+void to_host(void* host, const void* device, size_t bytes, cudaStream_t st) {
+  if (!bytes) return;
+  CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void to_device(void* device, const void* host, size_t bytes, cudaStream_t st) {
+  if (!bytes) return;
+  CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+// An MPI request on host data; when it completes, `result` (host) is copied to `device`.
+class StagedHandle final : public CommHandle {
+ public:
+  StagedHandle(MPI_Request r, std::vector<char> host, size_t result_at, size_t result_bytes, void* device,
+               cudaStream_t st)
+      : req_(r), host_(std::move(host)), at_(result_at), bytes_(result_bytes), device_(device), st_(st) {}
+  ~StagedHandle() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Request_free(&req_);
+  }
+  bool test() override {
+    if (req_ != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+      if (!flag) return false;
+      if (device_) to_device(device_, host_.data() + at_, bytes_, st_);
+    }
+    return true;
+  }
+
+ private:
+  MPI_Request req_;
+  std::vector<char> host_;
+  size_t at_, bytes_;
+  void* device_;
+  cudaStream_t st_;
+};
+
+class DoneHandle final : public CommHandle {
+ public:
+  bool test() override { return true; }
+};
+
+class HostStagedCommunicator final : public Communicator {
+ public:
+  HostStagedCommunicator(MPI_Comm comm, MPI_Comm world) : comm_(comm) {
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_Group g, wg;
+    MPI_CHECK(MPI_Comm_group(comm_, &g));
+    MPI_CHECK(MPI_Comm_group(world, &wg));
+    int wsize = 0;
+    MPI_CHECK(MPI_Comm_size(world, &wsize));
+    std::vector<int> wr(static_cast<size_t>(wsize));
+    to_local_.assign(static_cast<size_t>(wsize), MPI_UNDEFINED);
+    for (int i = 0; i < wsize; ++i) wr[size_t(i)] = i;
+    MPI_CHECK(MPI_Group_translate_ranks(wg, wsize, wr.data(), g, to_local_.data()));
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
+  }
+  ~HostStagedCommunicator() override { MPI_Comm_free(&comm_); }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+
+  std::unique_ptr<CommHandle> all_reduce(float* buf, size_t count, StreamContext* s) override {
+    cudaStream_t st = caller_stream(s);
+    std::vector<char> host(count * sizeof(float));
+    to_host(host.data(), buf, host.size(), st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data(), int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), 0, count * sizeof(float), buf, st);
+  }
+
+  // src(size·count) → dst(count)
+  std::unique_ptr<CommHandle> reduce_scatter(const float* src, float* dst, size_t count, StreamContext* s) override {
+    cudaStream_t st = caller_stream(s);
+    const size_t in = size_t(size_) * count * sizeof(float), out = count * sizeof(float);
+    std::vector<char> host(in + out);
+    to_host(host.data(), src, in, st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Ireduce_scatter_block(host.data(), host.data() + in, int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), in, out, dst, st);
+  }
+
+  // src(count) (or in place at dst + rank·count) → dst(size·count)
+  std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) override {
+    cudaStream_t st = caller_stream(s);
+    const size_t one = count * sizeof(float), all = size_t(size_) * one;
+    std::vector<char> host(all);
+    to_host(host.data() + size_t(rank_) * one, src ? src : dst + size_t(rank_) * count, one, st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, int(count), MPI_FLOAT, host.data(), int(count), MPI_FLOAT, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), 0, all, dst, st);
+  }
+
+  // Counts first, then the rows, both blocking on this stream's thread (its communicator is its own).
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
+                                              StreamContext* s) override {
+    PIPER_CHECK(parts % size_ == 0, "all_to_all_rows: ", parts, " parts over ", size_, " ranks");
+    cudaStream_t st = caller_stream(s);
+    const int q = parts / size_;
+    std::vector<int32_t> sent(static_cast<size_t>(parts)), got(static_cast<size_t>(parts));
+    to_host(sent.data(), src, sent.size() * sizeof(int32_t), st);
+    MPI_CHECK(MPI_Alltoall(sent.data(), q, MPI_INT32_T, got.data(), q, MPI_INT32_T, comm_));
+    std::vector<int> send_counts(static_cast<size_t>(size_), 0), recv_counts(send_counts), send_displs(send_counts),
+        recv_displs(send_counts);
+    for (int p = 0; p < parts; ++p) {
+      send_counts[size_t(p / q)] += sent[size_t(p)] * width;
+      recv_counts[size_t(p / q)] += got[size_t(p)] * width;
+    }
+    for (int r = 1; r < size_; ++r) {
+      send_displs[size_t(r)] = send_displs[size_t(r) - 1] + send_counts[size_t(r) - 1];
+      recv_displs[size_t(r)] = recv_displs[size_t(r) - 1] + recv_counts[size_t(r) - 1];
+    }
+    const size_t send_total = size_t(send_displs.back() + send_counts.back());
+    const size_t recv_total = size_t(recv_displs.back() + recv_counts.back());
+    std::vector<float> rows_in(send_total), rows_out(recv_total);
+    to_host(rows_in.data(), static_cast<const int32_t*>(src) + parts, send_total * sizeof(float), st);
+    MPI_CHECK(MPI_Alltoallv(rows_in.data(), send_counts.data(), send_displs.data(), MPI_FLOAT, rows_out.data(),
+                            recv_counts.data(), recv_displs.data(), MPI_FLOAT, comm_));
+    to_device(dst, got.data(), got.size() * sizeof(int32_t), st);
+    to_device(static_cast<int32_t*>(dst) + parts, rows_out.data(), recv_total * sizeof(float), st);
+    return std::make_unique<DoneHandle>();
+  }
+
+  std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer, int tag, StreamContext* s) override {
+    cudaStream_t st = caller_stream(s);
+    std::vector<char> host(count * sizeof(float));
+    to_host(host.data(), buf, host.size(), st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Isend(host.data(), int(count), MPI_FLOAT, local(peer), tag, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), 0, 0, nullptr, st);
+  }
+
+  std::unique_ptr<CommHandle> recv(float* buf, size_t count, int peer, int tag, StreamContext* s) override {
+    cudaStream_t st = caller_stream(s);
+    std::vector<char> host(count * sizeof(float));
+    MPI_Request r;
+    MPI_CHECK(MPI_Irecv(host.data(), int(count), MPI_FLOAT, local(peer), tag, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), 0, count * sizeof(float), buf, st);
+  }
+
+ private:
+  int local(int world_rank) const {
+    int l = to_local_[size_t(world_rank)];
+    PIPER_CHECK(l != MPI_UNDEFINED, "world rank ", world_rank, " is not in this communicator");
+    return l;
+  }
+  MPI_Comm comm_;
+  int size_ = 1, rank_ = 0;
+  std::vector<int> to_local_;
+};
+
+}  // namespace
+
+bool members_share_a_gpu(MPI_Comm comm, int device) {
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  const std::string mine = std::string(name, size_t(len)) + "#" + std::to_string(device);
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  constexpr int kWidth = MPI_MAX_PROCESSOR_NAME + 16;
+  std::vector<char> all(size_t(size) * kWidth, 0), own(kWidth, 0);
+  std::memcpy(own.data(), mine.data(), std::min(mine.size(), size_t(kWidth) - 1));
+  MPI_CHECK(MPI_Allgather(own.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, comm));
+  for (int a = 0; a < size; ++a)
+    for (int b = a + 1; b < size; ++b)
+      if (std::strncmp(all.data() + size_t(a) * kWidth, all.data() + size_t(b) * kWidth, kWidth) == 0) return true;
+  return false;
+}
+
+std::unique_ptr<Communicator> make_host_staged_communicator(MPI_Comm comm, MPI_Comm world) {
+  return std::make_unique<HostStagedCommunicator>(comm, world);
+}
+
+}  // namespace piper
+#endif  // PIPER_HAVE_CUDA
