@@ -22,19 +22,6 @@ constexpr double kGradTol = 1e-2;
 // Forward results against double references: fp32 sums of ~10 terms of scale 1.
 constexpr double kAtol = 2e-5, kRtol = 2e-5;
 
-std::vector<double> minus(const std::vector<float>& a, const std::vector<float>& b) {
-  std::vector<double> d(a.size());
-  for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) - double(b[i]);
-  return d;
-}
-
-template <typename T>
-std::vector<double> plus(const std::vector<float>& a, const std::vector<T>& b) {
-  std::vector<double> d(a.size());
-  for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) + double(b[i]);
-  return d;
-}
-
 }  // namespace
 
 TEST_CASE("linear_forward and linear_gelu_forward match a double reference", "[kernels]") {

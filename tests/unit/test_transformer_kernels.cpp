@@ -20,19 +20,6 @@ constexpr double kGradTol = 1e-2;
 // halves that noise against 1e-2 (worst error 3.5e-3 instead of 5.7e-3) while truncation stays below it.
 constexpr double kAttnEps = 2e-2;
 
-std::vector<double> minus(const std::vector<float>& a, const std::vector<float>& b) {
-  std::vector<double> d(a.size());
-  for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) - double(b[i]);
-  return d;
-}
-
-template <typename T>
-std::vector<double> plus(const std::vector<float>& a, const std::vector<T>& b) {
-  std::vector<double> d(a.size());
-  for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) + double(b[i]);
-  return d;
-}
-
 // ---- double references ----
 
 // y(N,C) = x / sqrt(mean x² + eps) * w; rstd(N)

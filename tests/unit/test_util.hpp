@@ -45,6 +45,20 @@ struct Rand {
   }
 };
 
+// Elementwise a - b and a + b in double (for perturbed inputs and gradient checks).
+inline std::vector<double> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) - double(b[i]);
+  return d;
+}
+
+template <typename T>
+std::vector<double> plus(const std::vector<float>& a, const std::vector<T>& b) {
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = double(a[i]) + double(b[i]);
+  return d;
+}
+
 // ---- double-precision references (row-major) ----
 inline double gelu_ref(double x) {
   const double k = std::sqrt(2.0 / M_PI);

@@ -7,6 +7,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
+#include "backend/mpi_ranks.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -99,18 +100,7 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, MPI_Comm world) : comm_(comm) {
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_rank(comm_, &rank_);
-    MPI_Group g, wg;
-    MPI_Comm_group(comm_, &g);
-    MPI_Comm_group(world, &wg);
-    // world rank → rank in this communicator, for point-to-point peers
-    int wsize = 0;
-    MPI_Comm_size(world, &wsize);
-    std::vector<int> wr(static_cast<size_t>(wsize)), cr(static_cast<size_t>(wsize));
-    for (int i = 0; i < wsize; ++i) wr[size_t(i)] = i;
-    MPI_Group_translate_ranks(wg, wsize, wr.data(), g, cr.data());
-    to_local_ = cr;
-    MPI_Group_free(&g);
-    MPI_Group_free(&wg);
+    to_local_ = world_to_comm_ranks(comm_, world);  // for point-to-point peers
     MPI_CHECK(MPI_Comm_dup(comm_, &rows_comm_));  // all_to_all_rows: the rows' own order
   }
   ~MpiCommunicator() override {

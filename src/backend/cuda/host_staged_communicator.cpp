@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.hpp"
+#include "backend/mpi_ranks.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -72,17 +73,7 @@ class HostStagedCommunicator final : public Communicator {
   HostStagedCommunicator(MPI_Comm comm, MPI_Comm world) : comm_(comm) {
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    MPI_Group g, wg;
-    MPI_CHECK(MPI_Comm_group(comm_, &g));
-    MPI_CHECK(MPI_Comm_group(world, &wg));
-    int wsize = 0;
-    MPI_CHECK(MPI_Comm_size(world, &wsize));
-    std::vector<int> wr(static_cast<size_t>(wsize));
-    to_local_.assign(static_cast<size_t>(wsize), MPI_UNDEFINED);
-    for (int i = 0; i < wsize; ++i) wr[size_t(i)] = i;
-    MPI_CHECK(MPI_Group_translate_ranks(wg, wsize, wr.data(), g, to_local_.data()));
-    MPI_Group_free(&g);
-    MPI_Group_free(&wg);
+    to_local_ = world_to_comm_ranks(comm_, world);
   }
   ~HostStagedCommunicator() override { MPI_Comm_free(&comm_); }
   int size() const override { return size_; }

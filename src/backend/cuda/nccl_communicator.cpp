@@ -3,6 +3,7 @@
 // queued on the caller's stream. CommHandle::test() queries an event recorded after the operation.
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/nccl_communicator.hpp"
+#include "backend/mpi_ranks.hpp"
 
 #include <nccl.h>
 
@@ -134,18 +135,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(MPI_Comm comm, MPI_Comm world, int device) : comm_(comm), device_(device) {
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    // world rank → rank in this communicator, for point-to-point peers
-    MPI_Group g, wg;
-    MPI_CHECK(MPI_Comm_group(comm_, &g));
-    MPI_CHECK(MPI_Comm_group(world, &wg));
-    int wsize = 0;
-    MPI_CHECK(MPI_Comm_size(world, &wsize));
-    std::vector<int> wr(size_t(wsize), 0);
-    to_local_.assign(size_t(wsize), MPI_UNDEFINED);
-    for (int i = 0; i < wsize; ++i) wr[size_t(i)] = i;
-    MPI_CHECK(MPI_Group_translate_ranks(wg, wsize, wr.data(), g, to_local_.data()));
-    MPI_Group_free(&g);
-    MPI_Group_free(&wg);
+    to_local_ = world_to_comm_ranks(comm_, world);  // for point-to-point peers
 
     ncclUniqueId id{};
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
