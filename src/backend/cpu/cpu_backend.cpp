@@ -8,6 +8,7 @@
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/mpi_ranks.hpp"
+#include "backend/rows_layout.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -69,18 +70,10 @@ class RowsExchange final : public CommHandle {
     const int parts = q_ * size_;
     const float* src_rows = reinterpret_cast<const float*>(src_ + parts);
     float* dst_rows = reinterpret_cast<float*>(dst_ + parts);
-    send_counts_.assign(size_t(size_), 0);
-    recv_counts_.assign(size_t(size_), 0);
-    for (int p = 0; p < parts; ++p) {
-      send_counts_[size_t(p / q_)] += src_[p] * width_;
-      recv_counts_[size_t(p / q_)] += dst_[p] * width_;
-    }
-    send_displs_.assign(size_t(size_), 0);
-    recv_displs_.assign(size_t(size_), 0);
-    for (int r = 1; r < size_; ++r) {
-      send_displs_[size_t(r)] = send_displs_[size_t(r) - 1] + send_counts_[size_t(r) - 1];
-      recv_displs_[size_t(r)] = recv_displs_[size_t(r) - 1] + recv_counts_[size_t(r) - 1];
-    }
+    const RowsLayout l = rows_layout(src_, dst_, parts, size_, width_);
+    PIPER_CHECK(mpi_counts(l.send_counts, send_counts_) && mpi_counts(l.send_displs, send_displs_) &&
+                    mpi_counts(l.recv_counts, recv_counts_) && mpi_counts(l.recv_displs, recv_displs_),
+                "all_to_all_rows: more than 2^31 floats for one rank");
     MPI_CHECK(MPI_Ialltoallv(src_rows, send_counts_.data(), send_displs_.data(), MPI_FLOAT, dst_rows,
                              recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, rows_comm_, &req_));
   }

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/mpi_ranks.hpp"
+#include "backend/rows_layout.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -119,18 +120,12 @@ class HostStagedCommunicator final : public Communicator {
     std::vector<int32_t> sent(static_cast<size_t>(parts)), got(static_cast<size_t>(parts));
     to_host(sent.data(), src, sent.size() * sizeof(int32_t), st);
     MPI_CHECK(MPI_Alltoall(sent.data(), q, MPI_INT32_T, got.data(), q, MPI_INT32_T, comm_));
-    std::vector<int> send_counts(static_cast<size_t>(size_), 0), recv_counts(send_counts), send_displs(send_counts),
-        recv_displs(send_counts);
-    for (int p = 0; p < parts; ++p) {
-      send_counts[size_t(p / q)] += sent[size_t(p)] * width;
-      recv_counts[size_t(p / q)] += got[size_t(p)] * width;
-    }
-    for (int r = 1; r < size_; ++r) {
-      send_displs[size_t(r)] = send_displs[size_t(r) - 1] + send_counts[size_t(r) - 1];
-      recv_displs[size_t(r)] = recv_displs[size_t(r) - 1] + recv_counts[size_t(r) - 1];
-    }
-    const size_t send_total = size_t(send_displs.back() + send_counts.back());
-    const size_t recv_total = size_t(recv_displs.back() + recv_counts.back());
+    const RowsLayout l = rows_layout(sent.data(), got.data(), parts, size_, width);
+    std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+    PIPER_CHECK(mpi_counts(l.send_counts, send_counts) && mpi_counts(l.send_displs, send_displs) &&
+                    mpi_counts(l.recv_counts, recv_counts) && mpi_counts(l.recv_displs, recv_displs),
+                "all_to_all_rows: more than 2^31 floats for one rank");
+    const size_t send_total = size_t(l.send_total()), recv_total = size_t(l.recv_total());
     std::vector<float> rows_in(send_total), rows_out(recv_total);
     to_host(rows_in.data(), static_cast<const int32_t*>(src) + parts, send_total * sizeof(float), st);
     MPI_CHECK(MPI_Alltoallv(rows_in.data(), send_counts.data(), send_displs.data(), MPI_FLOAT, rows_out.data(),

@@ -4,6 +4,7 @@
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/nccl_communicator.hpp"
 #include "backend/mpi_ranks.hpp"
+#include "backend/rows_layout.hpp"
 
 #include <nccl.h>
 
@@ -226,20 +227,16 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamSynchronize(group_->stream));
     const float* src_rows = reinterpret_cast<const float*>(src_counts + parts);
     float* dst_rows = reinterpret_cast<float*>(dst_counts + parts);
-    size_t send_at = 0, recv_at = 0;
+    const RowsLayout l = rows_layout(sent.data(), got.data(), parts, size_, width);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < size_; ++r) {
-      size_t send_rows = 0, recv_rows = 0;
-      for (int p = r * q; p < (r + 1) * q; ++p) {
-        send_rows += size_t(sent[size_t(p)]);
-        recv_rows += size_t(got[size_t(p)]);
-      }
-      if (send_rows)
-        NCCL_CHECK(ncclSend(src_rows + send_at, send_rows * size_t(width), ncclFloat, r, group_->comm, group_->stream));
-      if (recv_rows)
-        NCCL_CHECK(ncclRecv(dst_rows + recv_at, recv_rows * size_t(width), ncclFloat, r, group_->comm, group_->stream));
-      send_at += send_rows * size_t(width);
-      recv_at += recv_rows * size_t(width);
+      const size_t s = size_t(r);
+      if (l.send_counts[s])
+        NCCL_CHECK(ncclSend(src_rows + l.send_displs[s], size_t(l.send_counts[s]), ncclFloat, r, group_->comm,
+                            group_->stream));
+      if (l.recv_counts[s])
+        NCCL_CHECK(ncclRecv(dst_rows + l.recv_displs[s], size_t(l.recv_counts[s]), ncclFloat, r, group_->comm,
+                            group_->stream));
     }
     NCCL_CHECK(ncclGroupEnd());
     return end_collective(op);

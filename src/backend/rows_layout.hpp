@@ -1,0 +1,44 @@
+// Where the rows of Communicator::all_to_all_rows go: floats sent to and received from each group rank and
+// their offsets, from the two count headers. Part p goes to rank p / (parts / ranks); every backend uses this.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace piper {
+
+struct RowsLayout {
+  std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;  // floats, per group rank
+  int64_t send_total() const { return send_displs.back() + send_counts.back(); }
+  int64_t recv_total() const { return recv_displs.back() + recv_counts.back(); }
+};
+
+// sent(parts): rows of each part this rank sends; got(parts): rows it receives, by source rank in order.
+inline RowsLayout rows_layout(const int32_t* sent, const int32_t* got, int parts, int ranks, int width) {
+  RowsLayout l;
+  const int q = parts / ranks;
+  l.send_counts.assign(size_t(ranks), 0);
+  l.recv_counts.assign(size_t(ranks), 0);
+  for (int p = 0; p < parts; ++p) {
+    l.send_counts[size_t(p / q)] += int64_t(sent[p]) * width;
+    l.recv_counts[size_t(p / q)] += int64_t(got[p]) * width;
+  }
+  l.send_displs.assign(size_t(ranks), 0);
+  l.recv_displs.assign(size_t(ranks), 0);
+  for (int r = 1; r < ranks; ++r) {
+    l.send_displs[size_t(r)] = l.send_displs[size_t(r) - 1] + l.send_counts[size_t(r) - 1];
+    l.recv_displs[size_t(r)] = l.recv_displs[size_t(r) - 1] + l.recv_counts[size_t(r) - 1];
+  }
+  return l;
+}
+
+// The layout as the int arrays MPI_(I)alltoallv takes; false when a count does not fit in an int.
+inline bool mpi_counts(const std::vector<int64_t>& v, std::vector<int>& out) {
+  out.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] > INT32_MAX) return false;
+    out[i] = int(v[i]);
+  }
+  return true;
+}
+
+}  // namespace piper
