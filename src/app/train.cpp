@@ -4,18 +4,21 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <thread>
 
 #include "app/report.hpp"
+#include "app/stop_signals.hpp"
 #include "app/trace_file.hpp"
 #include "backend/backend.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "model/segment_type.hpp"
 #include "runtime/executor.hpp"
 #include "util/error.hpp"
+#include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
 #include "util/timer.hpp"
 
@@ -41,6 +44,14 @@ int resolve_threads(int configured, MPI_Comm world, int* local_rank) {
   return std::max(1, cores / std::max(1, local));
 }
 
+// A number for a JSON line: non-finite values become null (JSON has no NaN or infinity).
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[40];
+  std::snprintf(b, sizeof(b), "%.9g", v);
+  return b;
+}
+
 std::string broadcast_string(std::string s, MPI_Comm world) {
   int n = int(s.size());
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, world));
@@ -59,6 +70,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   std::unique_ptr<Backend> backend = make_backend(plan.backend, threads, local_rank);
   Executor ex(plan, *backend, world);
   ex.init_parameters();
+  install_stop_signals(rank);
+  ex.watch_stop_flag(&stop_signal());
 
   int64_t start = 0;
   if (!opts.resume.empty()) {
@@ -111,10 +124,13 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int64_t last_saved = -1;
   bool balance = false;  // the model has segments with a balance loss: report it apart
   for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
+  int64_t skipped_in_row = 0, skipped_total = 0;
   for (int64_t step = start; step < end; ++step) {
     double t0 = now_seconds();
     StepMetrics m = ex.run_step(step);
     double dt = now_seconds() - t0;
+    if (!m.finite) ++skipped_in_row, ++skipped_total;
+    else skipped_in_row = 0;
     if (step > start || end - start == 1) {
       times += ex.last_step_times();
       ++timed_steps;
@@ -130,19 +146,54 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
         std::printf(" | lr %.3e | %10.0f tok/s | %8.2f ms\n", m.lr, tokens_per_step / dt, dt * 1e3);
       }
       std::fflush(stdout);
+      if (!m.finite)
+        std::printf("step %6lld: loss %g, gradient norm %g: not finite, no rank applied the update%s\n",
+                    static_cast<long long>(step + 1), m.loss, m.grad_norm,
+                    plan.skip_nonfinite ? cat(" (", skipped_in_row, " in a row, job.max_skipped = ",
+                                              plan.max_skipped, ")").c_str()
+                                        : "");
+      std::fflush(stdout);
       if (metrics.is_open()) {
         char line[320];
-        char extra[96] = "";
+        std::string extra;
         if (balance)
-          std::snprintf(extra, sizeof(extra), ", \"xent\": %.9g, \"balance_loss\": %.9g", m.loss - m.balance_loss,
-                        m.balance_loss);
+          extra = cat(", \"xent\": ", json_number(m.loss - m.balance_loss), ", \"balance_loss\": ",
+                      json_number(m.balance_loss));
+        if (!m.finite) extra += ", \"skipped\": true";
         std::snprintf(line, sizeof(line),
-                      "{\"step\": %lld, \"loss\": %.9g%s, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
+                      "{\"step\": %lld, \"loss\": %s%s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens_per_s\": %.6g, "
                       "\"ms\": %.6g, \"flops_per_s\": %.6g}\n",
-                      static_cast<long long>(step + 1), m.loss, extra, m.lr, m.grad_norm, tokens_per_step / dt,
-                      dt * 1e3, flops_per_step / dt);
+                      static_cast<long long>(step + 1), json_number(m.loss).c_str(), extra.c_str(), m.lr,
+                      json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt);
         metrics << line << std::flush;
       }
+    }
+    // Every rank saw the same sums, so every rank takes the same way out here.
+    if (!m.finite && (!plan.skip_nonfinite || skipped_in_row >= plan.max_skipped)) {
+      if (rank == 0)
+        std::fprintf(stderr,
+                     "piper: error: step %lld: the loss (%g) or the gradient norm (%g) is not finite%s; no update was "
+                     "applied and no checkpoint written (job.on_nonfinite = \"%s\"); exit code %d\n",
+                     static_cast<long long>(step + 1), m.loss, m.grad_norm,
+                     plan.skip_nonfinite ? cat(" for ", skipped_in_row, " steps in a row").c_str() : "",
+                     plan.skip_nonfinite ? "skip" : "stop", int(kExitNonFinite));
+      return kExitNonFinite;
+    }
+    if (m.stop_requested) {
+      if (!plan.checkpoint_dir.empty() && last_saved != step + 1) {
+        save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
+        if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+      }
+      if (rank == 0) {
+        if (plan.checkpoint_dir.empty())
+          std::printf("stopped by a signal after step %lld; no checkpoint.dir: nothing saved\n",
+                      static_cast<long long>(step + 1));
+        else
+          std::printf("stopped by a signal after step %lld; checkpoint: %s (continue with --resume auto)\n",
+                      static_cast<long long>(step + 1), checkpoint_path(plan.checkpoint_dir, step + 1).c_str());
+        std::fflush(stdout);
+      }
+      return kExitStopped;
     }
     if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
       save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
@@ -154,6 +205,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     save_checkpoint(ex, end, plan.checkpoint_dir, world);
     if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
   }
+  if (rank == 0 && skipped_total > 0)
+    std::printf("%lld step%s had a non-finite loss or gradient norm and applied no update\n",
+                static_cast<long long>(skipped_total), skipped_total == 1 ? "" : "s");
   if (!plan.checkpoint_dir.empty() && rank == 0 && end > start)
     std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
   if (!opts.trace.empty()) write_trace(opts.trace, ex, trace, world);

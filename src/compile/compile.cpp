@@ -18,6 +18,8 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.seed = spec.job.seed;
   p.steps = spec.job.steps;
   p.log_every = spec.job.log_every;
+  p.skip_nonfinite = spec.job.on_nonfinite == "skip";
+  p.max_skipped = spec.job.max_skipped;
   p.checkpoint_dir = spec.checkpoint.dir;
   p.checkpoint_every = spec.checkpoint.every;
   p.checkpoint_keep = spec.checkpoint.keep;

@@ -40,6 +40,8 @@ struct JobSection {
   std::string backend = "cpu";  // cpu | cuda
   int threads = 0;              // compute threads per rank; 0 = cores / ranks on the node
   int64_t log_every = 1;
+  std::string on_nonfinite = "stop";  // a non-finite loss or gradient norm: stop (exit 3) | skip the update
+  int64_t max_skipped = 5;            // with "skip": stop after this many skipped steps in a row
 };
 
 // [model]: the family (model.kind) and the hyperparameters it reads (model/model.hpp lists them all).

@@ -12,7 +12,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 3;
+constexpr uint32_t kPlanVersion = 4;
 
 enum class Op : uint8_t {
   Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
@@ -130,6 +130,8 @@ struct Plan {
   uint64_t seed = 0;
   int64_t steps = 0;
   int64_t log_every = 1;
+  bool skip_nonfinite = false;  // job.on_nonfinite = "skip"
+  int64_t max_skipped = 5;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 0;

@@ -138,6 +138,8 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put(p.seed);
   w.put(p.steps);
   w.put(p.log_every);
+  w.put<uint8_t>(p.skip_nonfinite ? 1 : 0);
+  w.put(p.max_skipped);
   w.put_string(p.checkpoint_dir);
   w.put(p.checkpoint_every);
   w.put<int32_t>(p.checkpoint_keep);
@@ -215,6 +217,8 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.seed = r.get<uint64_t>();
   p.steps = r.get<int64_t>();
   p.log_every = r.get<int64_t>();
+  p.skip_nonfinite = r.get<uint8_t>() != 0;
+  p.max_skipped = r.get<int64_t>();
   p.checkpoint_dir = r.get_string();
   p.checkpoint_every = r.get<int64_t>();
   p.checkpoint_keep = r.get<int32_t>();

@@ -431,6 +431,7 @@ void Executor::run_compute(const Instr& in) {
 }
 
 void Executor::run_update(const Instr& in) {
+  if (skip_update_) return;  // every rank saw the same non-finite sums: parameters and moments stay as they were
   const OptimizerConfig& o = plan_.optimizer;
   AdamWArgs args;
   args.lr = float(lr_);
@@ -460,12 +461,13 @@ void Executor::run_step_sync(const Instr& in) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
   }
-  double local[3];  // cross-entropy, gradient norm², balance loss
+  double local[4];  // cross-entropy, gradient norm², balance loss, stop requests
   k_.download(local, scalars_, 2 * sizeof(double));
   local[2] = balance_loss_;
-  double global[3];
+  local[3] = stop_flag_ && stop_flag_->load() != 0 ? 1.0 : 0.0;
+  double global[4];
   MPI_Request r;
-  MPI_CHECK(MPI_Iallreduce(local, global, 3, MPI_DOUBLE, MPI_SUM, world_, &r));
+  MPI_CHECK(MPI_Iallreduce(local, global, 4, MPI_DOUBLE, MPI_SUM, world_, &r));
   int flag = 0, round = 0;
   while (true) {
     MPI_CHECK(MPI_Test(&r, &flag, MPI_STATUS_IGNORE));
@@ -476,6 +478,10 @@ void Executor::run_step_sync(const Instr& in) {
   metrics_.loss = global[0] + global[2];
   metrics_.balance_loss = global[2];
   metrics_.grad_norm = std::sqrt(global[1]);
+  metrics_.stop_requested = global[3] > 0;
+  // A NaN or infinity on any rank makes the sums non-finite on every rank alike.
+  metrics_.finite = std::isfinite(global[0]) && std::isfinite(global[1]) && std::isfinite(global[2]);
+  skip_update_ = !metrics_.finite;
   const double clip = plan_.optimizer.grad_clip;
   clip_scale_ = (clip > 0 && metrics_.grad_norm > clip) ? clip / (metrics_.grad_norm + 1e-6) : 1.0;
 }

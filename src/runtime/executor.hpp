@@ -25,6 +25,8 @@ struct StepMetrics {
   double balance_loss = 0;  // the segments' balance losses (mixture of experts), summed over all ranks
   double grad_norm = 0;  // global gradient norm before clipping
   double lr = 0;
+  bool finite = true;          // loss and gradient norm were finite; when not, no rank applied the update
+  bool stop_requested = false; // some rank's stop flag was set when it entered the step sync
 };
 
 
@@ -38,6 +40,9 @@ class Executor {
   // Fills parameters from the strategy-independent init rule and zeroes optimizer state.
   void init_parameters();
   StepMetrics run_step(int64_t step);
+  // A flag any thread (or a signal handler) may set; the step sync sums it over all ranks, so every rank
+  // sees the same `stop_requested` at the same step.
+  void watch_stop_flag(const std::atomic<int>* flag) { stop_flag_ = flag; }
 
   const Plan& plan() const { return plan_; }
   BufferStore& buffers() { return store_; }
@@ -101,6 +106,8 @@ class Executor {
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   double clip_scale_ = 1;
+  bool skip_update_ = false;  // the step's loss or gradient norm is not finite: updates do nothing
+  const std::atomic<int>* stop_flag_ = nullptr;
   double balance_loss_ = 0;  // host: this rank's balance losses of the step
   double lr_ = 0;
   StepMetrics metrics_;
