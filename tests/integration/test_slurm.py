@@ -181,6 +181,83 @@ def test_batch_job(script, name, tmp, job, env, args=()):
     return losses
 
 
+def test_requeue(tmp):
+    steps = 1500
+    ck = os.path.join(tmp, "requeue-ck")
+    job = os.path.join(tmp, "requeue.toml")
+    with open(job, "w") as f:
+        f.write(JOB_TOML.format(steps=steps, data=DATA, extra="log_every = 50\n") +
+                f'\n[checkpoint]\ndir = "{ck}"\nevery = 100000\n')
+    ref = os.path.join(tmp, "requeue-ref.jsonl")
+    cmd = ["srun", "-n", str(RANKS), PIPER, "--config", job, "--metrics", ref, "--set", f'checkpoint.dir="{ck}-ref"']
+    rc, out, took = run(cmd, 180, env=slurm_env(), cwd=tmp)
+    check(rc == 0, f"`{' '.join(cmd)}` failed with exit code {rc}:\n{out}")
+    log(f"requeue: uninterrupted reference run of {steps} steps, {took:.1f} s")
+
+    got = os.path.join(tmp, "requeue.jsonl")
+    # piper's own options go after the script
+    cmd = ["sbatch", "--parsable", "-J", "piper-requeue", "-o", os.path.join(tmp, "piper-requeue-%j.out"),
+           "-n", str(RANKS), SINGLE, "--metrics", got]
+    rc, out, _ = run(cmd, 60, env=slurm_env(PIPER=PIPER, PIPER_JOB=job), cwd=SOURCE_DIR)
+    check(rc == 0, f"`{' '.join(cmd)}` failed with exit code {rc}:\n{out}")
+    job_id = out.strip().splitlines()[-1].split(";")[0]
+    out_path = os.path.join(tmp, f"piper-requeue-{job_id}.out")
+    t0 = time.monotonic()
+    while True:     # signal once the run has trained a while
+        steps_seen, _ = losses_from_log(read(out_path))
+        if steps_seen and steps_seen[-1] >= 100:
+            break
+        state, code = job_info(job_id)
+        check(state in ACTIVE_STATES, f"job {job_id} ended {state} ({code}) before it could be signalled:\n"
+                                      f"{read(out_path)}")
+        check(time.monotonic() - t0 < budget(120), f"job {job_id}: no step 100 within 120 s:\n{read(out_path)}")
+        time.sleep(0.1)
+    rc, out, _ = run(["scancel", "--signal=USR1", job_id], 30)
+    check(rc == 0, f"scancel --signal=USR1 {job_id} failed:\n{out}")
+    log(f"requeue: job {job_id} signalled at step {steps_seen[-1]}")
+    nudged = False
+    pending_since = None
+    limit = budget(JOB_TIMEOUT_S)
+    while True:
+        p = subprocess.run(["scontrol", "-o", "show", "job", job_id], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, timeout=30)
+        restarts = re.search(r"\bRestarts=(\d+)", p.stdout)
+        state, code = job_info(job_id)
+        if state == "PENDING" and restarts and int(restarts.group(1)) >= 1 and not nudged and pending_since is None:
+            pending_since = time.monotonic()
+        # Slurm holds a requeued job for about two minutes, time for the first run's step to be cleaned up
+        # (its PMIx socket would clash with the next run's step of the same id): once that is done, start it.
+        if (state == "PENDING" and not nudged and pending_since is not None and time.monotonic() - pending_since > 3
+                and not os.path.exists(f"/var/spool/slurmd/stepd.slurm.pmix.{job_id}.0")):
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], stderr=subprocess.DEVNULL)
+            nudged = True
+            log(f"requeue: job {job_id} is back in the queue (Restarts={restarts.group(1)})")
+        if state not in ACTIVE_STATES:
+            break
+        if time.monotonic() - t0 > limit:
+            subprocess.run(["scancel", job_id], stderr=subprocess.DEVNULL)
+            raise TestFailure(f"requeue: job {job_id} still {state} after {limit:.0f} s:\n{read(out_path)}")
+        time.sleep(0.2)
+    output = read(out_path)
+    check(state == "COMPLETED" and code == "0:0" and nudged,
+          f"requeue: job {job_id} ended {state} ({code}), requeued: {nudged}; expected a requeue, then COMPLETED 0:0:"
+          f"\n{output}")
+    stop = re.search(r"stopped by a signal after step (\d+)", output)
+    resumed = re.search(r"resumed from \S+ at step (\d+)", output)
+    check(stop and resumed and stop.group(1) == resumed.group(1) and "exit code 4" in output,
+          f"requeue: expected a stop with a checkpoint (exit code 4) and a resume at the same step:\n{output}")
+    want = [(r["step"], r["loss"]) for r in map(json.loads, read(ref).splitlines())]
+    have = [(r["step"], r["loss"]) for r in map(json.loads, read(got).splitlines())]
+    if have != want:
+        first = next(i for i in range(max(len(have), len(want)))
+                     if i >= len(have) or i >= len(want) or have[i] != want[i])
+        raise TestFailure(f"requeue: the interrupted and requeued run's {len(have)} metrics lines differ from the "
+                          f"uninterrupted run's {len(want)}; first difference at line {first + 1}: "
+                          f"{have[first] if first < len(have) else None} vs {want[first] if first < len(want) else None}")
+    log(f"requeue: stopped at step {stop.group(1)}, requeued, resumed, {steps} steps bit-identical to the "
+        f"uninterrupted run, {time.monotonic() - t0:.1f} s")
+
+
 def main():
     for path, what in [(PIPER, "the piper executable (set PIPER)"), (DATA, "the data (run tools/prepare-data.sh)"),
                        (UP, "tools/slurm-local-up.sh"), (DOWN, "tools/slurm-local-down.sh"),
@@ -270,6 +347,10 @@ def main():
         check(rc != 0, f"`{' '.join(cmd)}` exited 0 for a bad job file:\n{out}")
         check(out.count("piper: error:") == 1 and "unknown_key" in out,
               f"`{' '.join(cmd)}`: expected piper's error about 'unknown_key' exactly once:\n{out}")
+        # 6. Stopped and requeued: scancel --signal=USR1 (what the template's --signal line makes Slurm send
+        #    before the time limit) makes every rank checkpoint and exit 4; the template requeues the job, whose
+        #    next run resumes (--resume auto) and ends exactly like an uninterrupted run.
+        test_requeue(tmp)
         passed = True
     finally:
         rc, out, took = run(as_root([DOWN]), 60, within_deadline=False)
