@@ -31,6 +31,8 @@ CliOptions parse_cli(int argc, char** argv) {
       ("world", po::value<int>(&o.world)->value_name("N"), "with --dry-run: compile for N ranks on one process")
       ("trace", po::value<std::string>(&o.trace)->value_name("FILE"),
        "write a Chrome-trace JSON timeline of the whole job (open it in Perfetto)")
+      ("profile", po::bool_switch(&o.profile),
+       "time every kernel call (after the first step) and print a breakdown by kernel, model segment and matmul shape")
       ("help,h", po::bool_switch(&o.help), "show this help")
       ("version", po::bool_switch(&o.version), "show the version");
   std::ostringstream help;
@@ -48,6 +50,7 @@ CliOptions parse_cli(int argc, char** argv) {
   if (o.steps != -1 && o.steps < 1) throw UserError(cat("command line: --steps must be >= 1, found ", o.steps));
   if (o.world < 0) throw UserError(cat("command line: --world must be >= 1, found ", o.world));
   if (o.world > 0 && !o.dry_run) throw UserError("command line: --world N only works with --dry-run");
+  if (o.dry_run && o.profile) throw UserError("command line: --profile has no effect with --dry-run");
   if (o.dry_run && !o.resume.empty()) throw UserError("command line: --resume has no effect with --dry-run");
   return o;
 }

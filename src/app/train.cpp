@@ -14,6 +14,7 @@
 #include "app/stop_signals.hpp"
 #include "app/trace_file.hpp"
 #include "backend/backend.hpp"
+#include "backend/profiling_kernels.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "model/segment_type.hpp"
 #include "runtime/executor.hpp"
@@ -68,7 +69,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int local_rank = 0;
   const int threads = resolve_threads(plan.threads, world, &local_rank);
   std::unique_ptr<Backend> backend = make_backend(plan.backend, threads, local_rank);
-  Executor ex(plan, *backend, world);
+  std::unique_ptr<ProfilingKernels> profiler;
+  if (opts.profile) profiler = std::make_unique<ProfilingKernels>(backend->kernels());
+  Executor ex(plan, *backend, world, profiler.get());
   ex.init_parameters();
   install_stop_signals(rank);
   ex.watch_stop_flag(&stop_signal());
@@ -125,6 +128,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   bool balance = false;  // the model has segments with a balance loss: report it apart
   for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
   int64_t skipped_in_row = 0, skipped_total = 0;
+  double profiled_seconds = 0;
   for (int64_t step = start; step < end; ++step) {
     double t0 = now_seconds();
     StepMetrics m = ex.run_step(step);
@@ -134,7 +138,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     if (step > start || end - start == 1) {
       times += ex.last_step_times();
       ++timed_steps;
+      profiled_seconds += dt;
     }
+    if (profiler && step == start && end - start > 1) profiler->reset();  // the first step warms up
     if (!opts.trace.empty() && ((step >= trace_first && step <= trace_last) || end - start == 1)) {
       auto ev = ex.take_events();
       trace.insert(trace.end(), ev.begin(), ev.end());
@@ -212,6 +218,12 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
   if (!opts.trace.empty()) write_trace(opts.trace, ex, trace, world);
   report_times(plan, times, timed_steps, world);
+  if (profiler) {
+    std::string text = format_profile(profiler->take(profiled_seconds, timed_steps), rank);
+    if (backend->name() != "cpu")
+      text += "  (kernels run asynchronously on this backend: the times are the host's launch times)\n";
+    print_in_rank_order(text, world);
+  }
   report_memory(ex, world);
   return check_replicas(ex, world) ? 0 : 1;
 }

@@ -31,8 +31,8 @@ void backoff(int& round) {
 
 }  // namespace
 
-Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
-    : plan_(plan), backend_(backend), k_(backend.kernels()), world_(world), store_(plan, backend) {
+Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* kernels)
+    : plan_(plan), backend_(backend), k_(kernels ? *kernels : backend.kernels()), world_(world), store_(plan, backend) {
   t0_ = now_seconds();
   if (plan_.scratch_buf >= 0) {
     // the largest backend scratch any segment of this plan needs
@@ -403,6 +403,7 @@ void Executor::run_compute(const Instr& in) {
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
   float* workspace = store_.f(plan_.workspace_buf);
   const ModelDims& d = plan_.dims;
+  k_.begin_region(seg.name.c_str());
   switch (in.op) {
     case Op::Forward:
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
@@ -432,6 +433,7 @@ void Executor::run_compute(const Instr& in) {
 
 void Executor::run_update(const Instr& in) {
   if (skip_update_) return;  // every rank saw the same non-finite sums: parameters and moments stay as they were
+  k_.begin_region("optimizer");
   const OptimizerConfig& o = plan_.optimizer;
   AdamWArgs args;
   args.lr = float(lr_);
@@ -457,6 +459,7 @@ void Executor::run_update(const Instr& in) {
 }
 
 void Executor::run_step_sync(const Instr& in) {
+  k_.begin_region("step sync");
   for (const auto& s : in.spans) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));

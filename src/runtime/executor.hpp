@@ -32,7 +32,8 @@ struct StepMetrics {
 
 class Executor {
  public:
-  Executor(const Plan& plan, Backend& backend, MPI_Comm world);
+  // `kernels`: the kernels to run segments with (a profiling wrapper); null = the backend's own.
+  Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* kernels = nullptr);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
