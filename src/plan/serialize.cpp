@@ -137,6 +137,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.backend);
   w.put(p.seed);
   w.put(p.steps);
+  w.put(p.watchdog_s);
   w.put(p.log_every);
   w.put_string(p.checkpoint_dir);
   w.put(p.checkpoint_every);
@@ -214,6 +215,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.backend = r.get_string();
   p.seed = r.get<uint64_t>();
   p.steps = r.get<int64_t>();
+  p.watchdog_s = r.get<double>();
   p.log_every = r.get<int64_t>();
   p.checkpoint_dir = r.get_string();
   p.checkpoint_every = r.get<int64_t>();
