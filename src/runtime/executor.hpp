@@ -16,6 +16,7 @@
 #include "data/data.hpp"
 #include "plan/plan.hpp"
 #include "runtime/buffer_store.hpp"
+#include "runtime/flight_recorder.hpp"
 #include "runtime/timeline.hpp"
 
 namespace piper {
@@ -65,6 +66,7 @@ class Executor {
     std::vector<Pending> pending;
     std::thread thread;
     std::vector<TraceEvent> events;
+    std::unique_ptr<FlightRecorder> flight;  // its last instructions
   };
 
   void stream_main(Stream& s);
@@ -116,6 +118,7 @@ class Executor {
   double t0_ = 0;
   StepTimes last_times_;
   std::vector<int32_t> event_index_;  // instruction → its event in its stream's list this step
+  std::vector<uint64_t> flight_index_;  // instruction → its record in its stream's flight recorder
 };
 
 }  // namespace piper
