@@ -78,9 +78,15 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
   }
   for (size_t i = 0; i < plan_.instrs.size(); ++i) streams_[plan_.instrs[i].stream].instrs.push_back(int32_t(i));
   for (auto& s : streams_) s.thread = std::thread([this, &s] { stream_main(s); });
+  if (plan_.watchdog_s > 0) {
+    std::vector<const FlightRecorder*> recorders;
+    for (const auto& s : streams_) recorders.push_back(s.flight.get());
+    watchdog_ = std::make_unique<Watchdog>(plan_, std::move(recorders), world_, plan_.watchdog_s);
+  }
 }
 
 Executor::~Executor() {
+  watchdog_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_ = true;
@@ -167,11 +173,13 @@ StepMetrics Executor::run_step(int64_t step) {
     ++generation_;
     finished_ = 0;
   }
+  if (watchdog_) watchdog_->arm(step);
   cv_start_.notify_all();
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_done_.wait(lock, [&] { return finished_ == int(streams_.size()); });
   }
+  if (watchdog_) watchdog_->disarm();
   if (error_) std::rethrow_exception(error_);
   metrics_.lr = lr_;
   std::vector<TraceEvent> events;

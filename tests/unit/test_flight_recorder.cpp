@@ -1,8 +1,9 @@
-// The flight recorder keeps each stream's last instructions in order, marks the unfinished ones and forgets
-// the oldest past its size.
+// The flight recorder keeps each stream's last instructions in order, marks the unfinished ones, forgets the
+// oldest past its size, and formats into the report the watchdog prints.
 #include <catch2/catch.hpp>
 
 #include "runtime/flight_recorder.hpp"
+#include "runtime/watchdog.hpp"
 
 using namespace piper;
 
@@ -46,4 +47,36 @@ TEST_CASE("flight recorder: a full ring keeps the newest records and ignores fin
     CHECK(r[size_t(k)].step == i / 5);
     CHECK(r[size_t(k)].end == i + 0.25);
   }
+}
+
+TEST_CASE("flight report: names each stream's unfinished instruction, what it waits for, and its records") {
+  Plan p;
+  p.world = 2;
+  p.sets = {{0, 1}};
+  p.streams = {"compute", "dp"};
+  p.groups = {GroupRef{GroupRef::Kind::DeviceSet, {0}, "dp"}};
+  Instr update, reduce, sync;
+  update.op = Op::Update;
+  update.bucket = 0;
+  reduce.op = Op::AllReduce;
+  reduce.stream = 1;
+  reduce.bucket = 0;
+  reduce.group = 0;
+  sync.op = Op::StepSync;
+  sync.waits = {1};
+  p.instrs = {update, reduce, sync};
+  FlightRecorder compute, dp;
+  compute.finish(compute.start(0, 4, 100.0), 100.5);
+  compute.waiting(2, 1);
+  dp.start(1, 4, 101.0);
+  const std::string text = flight_report(p, {&compute, &dp}, 100.0, 104.0);
+  INFO(text);
+  CHECK(text.find("stream 1 (dp): unfinished #1 ALL_REDUCE bucket0 set0/dp (ranks 0 1) of step 4, started 3.000 s ago") !=
+        std::string::npos);
+  CHECK(text.find("stream 0 (compute): waits for #1 ALL_REDUCE bucket0 set0/dp (ranks 0 1) [stream dp] before it "
+                  "starts #2 STEP_SYNC") != std::string::npos);
+  CHECK(text.find("stream 0 (compute): last 1 instructions, times in seconds since this step began here (now 4.000)") !=
+        std::string::npos);
+  CHECK(text.find("step      4  start     0.000  end      0.500  #0 UPDATE bucket0") != std::string::npos);
+  CHECK(text.find("step      4  start     1.000  end unfinished  #1 ALL_REDUCE") != std::string::npos);
 }
