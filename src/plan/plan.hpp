@@ -129,6 +129,7 @@ struct Plan {
   std::string backend = "cpu";
   uint64_t seed = 0;
   int64_t steps = 0;
+  double watchdog_s = 0;  // job.watchdog_s; 0: no watchdog
   int64_t log_every = 1;
   bool skip_nonfinite = false;  // job.on_nonfinite = "skip"
   int64_t max_skipped = 5;

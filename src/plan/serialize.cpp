@@ -137,6 +137,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.backend);
   w.put(p.seed);
   w.put(p.steps);
+  w.put(p.watchdog_s);
   w.put(p.log_every);
   w.put<uint8_t>(p.skip_nonfinite ? 1 : 0);
   w.put(p.max_skipped);
@@ -216,6 +217,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.backend = r.get_string();
   p.seed = r.get<uint64_t>();
   p.steps = r.get<int64_t>();
+  p.watchdog_s = r.get<double>();
   p.log_every = r.get<int64_t>();
   p.skip_nonfinite = r.get<uint8_t>() != 0;
   p.max_skipped = r.get<int64_t>();
