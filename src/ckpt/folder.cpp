@@ -1,8 +1,14 @@
-// The checkpoint folder (see folder.hpp): listing, the choice of the checkpoint to resume from, and
-// pruning.
+// The checkpoint folder (see folder.hpp): its lock, stale temporary files, listing, the choice of the
+// checkpoint to resume from, and pruning.
 #include "ckpt/folder.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "ckpt/verify.hpp"
@@ -28,6 +34,45 @@ long long name_step(const std::string& name) {
 }
 
 }  // namespace
+
+void lock_checkpoint_folder(const std::string& dir, const std::string& job_name) {
+  const std::string path = (fs::path(dir) / ".lock").string();
+  // Held for the whole run: the descriptor is closed (and the lock released) when the process ends.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError(cat("checkpoint.dir: cannot open the lock file ", path, ": ", std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(512, '\0');
+    ssize_t n = ::pread(fd, holder.data(), holder.size(), 0);
+    ::close(fd);
+    holder.resize(size_t(std::max<ssize_t>(n, 0)));
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    for (char& c : holder)
+      if (c == '\n') c = ' ';
+    if (err == EWOULDBLOCK)
+      throw UserError(cat("checkpoint.dir \"", dir, "\" is in use by another job (",
+                          holder.empty() ? "holder unknown" : holder,
+                          "); one job at a time may use a checkpoint folder (lock: ", path, ")"));
+    throw UserError(cat("checkpoint.dir: cannot lock ", path, ": ", std::strerror(err)));
+  }
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  const std::string text = cat("host ", host, "\npid ", getpid(), "\njob ", job_name, "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != ssize_t(text.size()))
+    throw SystemError(cat("cannot write the lock file ", path, ": ", std::strerror(errno)));
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".step_", 0) == 0 && ends_with(name, ".h5.tmp") && e.is_regular_file(ec) && fs::remove(e.path(), ec))
+      removed.push_back(e.path().string());
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<long long, std::string>> found;

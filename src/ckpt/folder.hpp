@@ -1,11 +1,20 @@
-// The checkpoint folder: the list of checkpoints, which one --resume takes, and pruning to
-// checkpoint.keep.
+// The checkpoint folder: one job at a time (an flock on `.lock`), stale temporary files, the list of
+// checkpoints, which one --resume takes, and pruning to checkpoint.keep.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace piper {
+
+// Takes an exclusive lock on `dir/.lock` (flock, non-blocking) and writes this host, pid and job name
+// into it; the lock holds until the process ends. Throws UserError naming the holder when another job
+// has it; then nothing in `dir` was changed.
+void lock_checkpoint_folder(const std::string& dir, const std::string& job_name);
+
+// Removes the temporary files `.step_*.h5.tmp` that an interrupted save left; returns their paths.
+// Call it only while holding the folder's lock.
+std::vector<std::string> remove_stale_temp_files(const std::string& dir);
 
 // The files step_*.h5 in `dir`, newest first (by the step in the name; names without a number last).
 std::vector<std::string> list_checkpoints(const std::string& dir);
