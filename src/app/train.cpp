@@ -78,12 +78,23 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
 
   int64_t start = 0;
   if (!opts.resume.empty()) {
+    // Rank 0 verifies the file (auto: the newest that verifies); a bad one ends every rank with exit code 2.
     std::string path;
+    int verified = 1;
     if (rank == 0) {
-      path = opts.resume == "auto" ? latest_checkpoint(plan.checkpoint_dir) : opts.resume;
-      if (opts.resume == "auto" && path.empty())
-        std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
+      try {
+        ResumeChoice choice = choose_resume_checkpoint(opts.resume, plan.checkpoint_dir);
+        for (const auto& w : choice.warnings) std::fprintf(stderr, "piper: warning: resume: %s\n", w.c_str());
+        path = choice.path;
+        if (path.empty())
+          std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
+      } catch (const UserError& e) {
+        std::fprintf(stderr, "piper: error: %s\n", e.what());
+        verified = 0;
+      }
     }
+    MPI_CHECK(MPI_Bcast(&verified, 1, MPI_INT, 0, world));
+    if (!verified) return 2;
     path = broadcast_string(path, world);
     if (!path.empty()) {
       // Every rank reads its own ranges; a bad file ends all ranks together with exit code 2.
@@ -187,8 +198,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     }
     if (m.stop_requested) {
       if (!plan.checkpoint_dir.empty() && last_saved != step + 1) {
-        save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
-        if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+        if (int code = save_checkpoint(ex, step + 1, plan.checkpoint_dir, world)) return code;
+        if (rank == 0)
+          prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, step + 1));
       }
       if (rank == 0) {
         if (plan.checkpoint_dir.empty())
@@ -202,14 +214,16 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       return kExitStopped;
     }
     if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
-      save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
-      if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+      if (int code = save_checkpoint(ex, step + 1, plan.checkpoint_dir, world)) return code;
+      if (rank == 0)
+        prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, step + 1));
       last_saved = step + 1;
     }
   }
   if (!plan.checkpoint_dir.empty() && end > start && last_saved != end) {
-    save_checkpoint(ex, end, plan.checkpoint_dir, world);
-    if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+    if (int code = save_checkpoint(ex, end, plan.checkpoint_dir, world)) return code;
+    if (rank == 0)
+      prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, end));
   }
   if (rank == 0 && skipped_total > 0)
     std::printf("%lld step%s had a non-finite loss or gradient norm and applied no update\n",
