@@ -42,6 +42,10 @@ std::string unwritable_reason(const std::filesystem::path& dir) {
 
 JobSpec load_and_check(const CliOptions& opts, int world) {
   JobSpec spec = load_job(opts.config, opts.overrides);
+  if (opts.steps > spec.job.steps)
+    throw UserError(cat("--steps ", opts.steps, " is past job.steps = ", spec.job.steps, " (", spec.path,
+                        "): the learning-rate schedule is defined up to job.steps; raise job.steps (e.g. --set job.steps=",
+                        opts.steps, ") to train further"));
   expand_mesh(spec, world);
   if (find_family(spec.model.kind)->reads_tokens) {
     DataConfig d;

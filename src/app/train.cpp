@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "app/metrics_file.hpp"
 #include "app/report.hpp"
 #include "app/stop_signals.hpp"
 #include "app/trace_file.hpp"
@@ -107,14 +108,16 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       }
       MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, world));
       if (any_failed) return 2;
+      if (opts.steps > 0 && opts.steps <= start)  // every rank read the same step: all end here
+        throw UserError(cat("--steps ", opts.steps, ": ", path, " is at step ", start,
+                            "; a resumed run must end past it (--steps > ", start, ")"));
       if (rank == 0) std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(start));
     }
   }
   const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;
   std::ofstream metrics;
   if (rank == 0 && !opts.metrics.empty()) {
-    metrics.open(opts.metrics, start > 0 ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw SystemError(cat("--metrics: cannot open '", opts.metrics, "' for writing"));
+    open_metrics(metrics, opts.metrics, start);  // a resumed run drops the lines past its checkpoint
   }
   if (rank == 0)
     std::printf("%s: %d rank%s, %s backend, %d thread%s per rank, steps %lld..%lld\n", plan.job_name.c_str(), plan.world,

@@ -21,6 +21,7 @@
 #include "ckpt/checksum.hpp"
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/verify.hpp"
+#include "ckpt/resume_check.hpp"
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
@@ -192,6 +193,26 @@ std::string layout_text(const Plan& p) {
   return s;
 }
 
+// What --resume compares (resume_check.hpp); seed and sampler are written with the other attributes.
+void write_run_record(hid_t file, const Plan& plan) {
+  const RunRecord r = run_record(plan);
+  h5::write_attr_str(file, "model", r.model);
+  if (!r.has_data) return;
+  h5::write_attr_str(file, "data_path", r.data_path);
+  h5::write_attr_i64(file, "data_bytes", r.data_bytes);
+  h5::write_attr_str(file, "data_hash", r.data_hash);
+}
+
+RunRecord read_run_record(hid_t file) {
+  RunRecord r;
+  r.has_seed = h5::read_attr_i64(file, "seed", r.seed);
+  h5::read_attr_str(file, "sampler", r.sampler);
+  h5::read_attr_str(file, "model", r.model);
+  r.has_data = h5::read_attr_str(file, "data_path", r.data_path) && h5::read_attr_i64(file, "data_bytes", r.data_bytes) &&
+               h5::read_attr_str(file, "data_hash", r.data_hash);
+  return r;
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
@@ -266,6 +287,7 @@ int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MP
     h5::write_attr_str(file, "job_name", plan.job_name);
     h5::write_attr_str(file, "job", plan.job_text);
     h5::write_attr_str(file, "layout", layout_text(plan));
+    write_run_record(file, plan);
     for (int t = 0; t < 3; ++t)
       groups[t] = H5_CHECK(H5Gcreate2(file, kGroups[t], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   } catch (const std::exception& e) {
@@ -377,6 +399,10 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
   } catch (const UserError& e) {
     throw UserError(cat(path, ": ", e.what()));
   }
+  const Plan& plan = ex.plan();
+  if (plan.rank == 0)  // the job must be the one the checkpoint was trained with, up to checkpoint.allow_changes
+    for (const std::string& w : check_resume(read_run_record(file), run_record(plan), plan.allow_changes, path))
+      std::fprintf(stderr, "piper: warning: %s\n", w.c_str());
   try {
     read_tensors(ex, file, path);
   } catch (const h5::Error&) {

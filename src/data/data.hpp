@@ -31,6 +31,15 @@ int token_bytes_of(const DataConfig& cfg);
 // reverse). Throws UserError naming data.path, the file and what would be right.
 void validate_data(const DataConfig& cfg);
 
+// What a checkpoint records of a token file, so that --resume can tell whether it is the same file: its
+// size and an FNV-1a 64 hash of its first and its last MiB (the whole file when shorter), as
+// "fnv1a64:" + 16 hex digits. Throws UserError naming data.path when the file cannot be read.
+struct FileIdentity {
+  int64_t bytes = 0;
+  std::string hash;
+};
+FileIdentity file_identity(const std::string& path);
+
 class DataLoader {
  public:
   explicit DataLoader(const DataConfig& cfg);

@@ -136,6 +136,8 @@ struct Plan {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 0;
+  std::vector<std::string> allow_changes;  // checkpoint.allow_changes: what --resume accepts with a warning
+  std::string model_keys;                  // the model as "kind=gpt vocab=256 ..." (model_keys_text)
   int threads = 0;
   OptimizerConfig optimizer;
   DataConfig data;

@@ -144,6 +144,9 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.checkpoint_dir);
   w.put(p.checkpoint_every);
   w.put<int32_t>(p.checkpoint_keep);
+  w.put<uint32_t>(uint32_t(p.allow_changes.size()));
+  for (const auto& a : p.allow_changes) w.put_string(a);
+  w.put_string(p.model_keys);
   w.put<int32_t>(p.threads);
   put_optimizer(w, p.optimizer);
   put_data(w, p.data);
@@ -224,6 +227,9 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.checkpoint_dir = r.get_string();
   p.checkpoint_every = r.get<int64_t>();
   p.checkpoint_keep = r.get<int32_t>();
+  const uint32_t n_allowed = r.get<uint32_t>();
+  for (uint32_t i = 0; i < n_allowed; ++i) p.allow_changes.push_back(r.get_string());
+  p.model_keys = r.get_string();
   p.threads = r.get<int32_t>();
   p.optimizer = get_optimizer(r);
   p.data = get_data(r);
