@@ -123,7 +123,7 @@ TEST_CASE("resume checks: the same settings pass, each difference is named with 
   CHECK(e.find("allow_changes = [\"model.n_heads\", \"model.d_ff\"]") != std::string::npos);
 }
 
-TEST_CASE("resume checks: allow_changes turns a difference into a warning; older checkpoints warn", "[resume]") {
+TEST_CASE("resume checks: allow_changes turns a difference into a warning, older checkpoints warn", "[resume]") {
   const RunRecord ck = gpt_record();
   RunRecord job = ck;
   job.seed = 12;
@@ -148,7 +148,7 @@ TEST_CASE("resume checks: allow_changes turns a difference into a warning; older
   CHECK(refusal(old, job).find("job.seed: checkpoint 11, job 5") != std::string::npos);
 }
 
-TEST_CASE("checkpoint.allow_changes names settings --resume compares; others are errors with file:line", "[resume]") {
+TEST_CASE("checkpoint.allow_changes names settings --resume compares, others are errors with file:line", "[resume]") {
   const std::string base = "[model]\nkind = \"mlp\"\n[checkpoint]\ndir = \"x\"\n";
   JobSpec s = load_job_text(base + "allow_changes = [\"job.seed\", \"data.path\", \"model.d_hidden\", \"model.moe.top_k\"]\n",
                             "job.toml");
@@ -174,7 +174,7 @@ TEST_CASE("checkpoint.allow_changes names settings --resume compares; others are
   CHECK(e.find("checkpoint.allow_changes: expected an array of setting names") != std::string::npos);
 }
 
-TEST_CASE("a job file without [model], or a token model without [data], says what is missing", "[resume]") {
+TEST_CASE("a job file without a model table, or a token model without a data table, says what is missing", "[resume]") {
   auto error_of = [&](const std::string& text) {
     try {
       load_job_text(text, "job.toml");
