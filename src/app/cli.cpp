@@ -21,7 +21,7 @@ CliOptions parse_cli(int argc, char** argv) {
       ("config,c", po::value<std::string>(&o.config)->value_name("FILE"), "the job file (TOML)")
       ("set", po::value<std::vector<std::string>>(&o.overrides)->composing()->value_name("KEY=VALUE"),
        "override a job key, e.g. --set model.n_layers=4 (repeatable)")
-      ("steps", po::value<int64_t>(&o.steps)->value_name("N"), "end the run at step N (also when resuming)")
+      ("steps", po::value<int64_t>(&o.steps)->value_name("N"), "end the run at step N <= job.steps (past the checkpoint's step when resuming)")
       ("metrics", po::value<std::string>(&o.metrics)->value_name("FILE"), "write one JSON line per step")
       ("resume", po::value<std::string>(&o.resume)->value_name("auto|PATH"),
        "resume from the newest checkpoint in checkpoint.dir (auto) or from PATH")

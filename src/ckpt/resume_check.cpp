@@ -32,7 +32,7 @@ std::vector<std::string> check_resume(const RunRecord& ck, const RunRecord& job,
   };
   std::vector<Change> changes;
   if (ck.has_seed && ck.seed != job.seed) changes.push_back({"job.seed", cat(ck.seed), cat(job.seed)});
-  if (!ck.sampler.empty() && ck.sampler != job.sampler)
+  if (!ck.sampler.empty() && job.has_data && ck.sampler != job.sampler)  // synthetic data has no sampler
     changes.push_back({"data.sampler", cat("\"", ck.sampler, "\""), cat("\"", job.sampler, "\"")});
   auto data_text = [](const RunRecord& r) {
     return cat("'", r.data_path, "' (", r.data_bytes, " bytes, ", r.data_hash, ")");

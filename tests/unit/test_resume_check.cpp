@@ -100,6 +100,11 @@ TEST_CASE("resume checks: the same settings pass, each difference is named with 
   job = ck;
   job.sampler = "sequential";
   CHECK(refusal(ck, job).find("data.sampler: checkpoint \"random\", job \"sequential\"") != std::string::npos);
+  RunRecord synthetic = ck;  // a synthetic task (mlp) has no data file and no sampler to compare
+  synthetic.has_data = false;
+  job = synthetic;
+  job.sampler = "sequential";
+  CHECK(check_resume(synthetic, job, {}, "ck.h5").empty());
 
   job = ck;
   job.data_path = "other.txt";
