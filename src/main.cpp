@@ -10,6 +10,7 @@
 #include "app/launch.hpp"
 #include "app/train.hpp"
 #include "util/error.hpp"
+#include "util/exit_codes.hpp"
 
 int main(int argc, char** argv) {
   using namespace piper;
@@ -32,6 +33,12 @@ int main(int argc, char** argv) {
     }
   } catch (const ExitRequest& e) {
     code = e.code;
+  } catch (const RankUserError& e) {
+    // Bad input only this rank saw (a data file that changed under the run): end every rank with code 2.
+    std::fprintf(stderr, "piper: rank %d: error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+    code = kExitBadInput;
   } catch (const UserError& e) {
     // Errors every rank sees alike (command line, dry run on rank 0): print once.
     if (rank == 0) print_error(e.what());

@@ -21,10 +21,14 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPIPER_NATIVE=OFF -DCMAKE_CXX
   { cat "$BUILD.configure.log"; exit 1; }
 grep -q "CUDA backend ON" "$BUILD.configure.log" || { cat "$BUILD.configure.log"; echo "gpu-bundle: CUDA backend off" >&2; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" --target piper piper_tests sgemm_peak
+# Debian's libopenblas.so.0 (every precision, LAPACK, libgfortran) would be half the bundle: the bundle gets
+# a single-precision BLAS built from the same source package instead (once; cached under build-bundle/).
+BLAS=$(tools/bundle-openblas.sh "${BUNDLE_OPENBLAS:-build-bundle/openblas}")
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/configs" "$OUT/data" "$OUT/tools"
 cp "$BUILD/piper" "$BUILD/tests/piper_tests" "$BUILD/bench/sgemm_peak" "$OUT/bin/"
+cp "$BLAS" "$OUT/lib/libopenblas.so.0"
 
 # Open MPI as Debian lays it out, mirrored under the bundle so that OPAL_PREFIX relocates it.
 OMPI_LIB=/usr/lib/x86_64-linux-gnu/openmpi/lib
@@ -40,15 +44,19 @@ cp "$PMIX_DIR"/lib/pmix/*.so "$OUT/lib/x86_64-linux-gnu/pmix2/lib/pmix/"
 # Plugins for interconnects the GPU machine does not have (InfiniBand verbs, UCX, PSM, libfabric) are left out.
 SKIP_DEPS='libuc[mpst]|libpsm|infinipath|libibverbs|libfabric|librdmacm|libefa|libnl-'
 for so in "$OMPI_LIB"/openmpi3/*.so; do
-  ldd "$so" | grep -qE "$SKIP_DEPS" && continue
+  # grep without -q: it reads all of ldd's output, so no SIGPIPE fails the pipe (pipefail) and keeps the plugin.
+  ldd "$so" | grep -E "$SKIP_DEPS" >/dev/null && continue
   cp "$so" "$OUT/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/"
 done
 
 # Every shared library of the binaries and plugins, but libc's own, the dynamic loader, libcuda and the
 # CUDA runtime libraries (cudart, cuBLAS, NCCL: the GPU image has them).
 SYSTEM='linux-vdso|ld-linux|/libc\.so|/libm\.so|/libpthread|/libdl\.so|/librt\.so|/libresolv|/libcuda\.so|libcudart|libcublas|libnccl'
+# ldd resolves libopenblas.so.0 to the bundle's (its folder holds nothing else), so that the system one's
+# libgfortran and libquadmath are not collected.
+BLAS_DIR=$(cd "$(dirname "$BLAS")" && pwd)
 collect() {
-  ldd "$1" 2>/dev/null | awk '/=> \//{print $3}' | grep -vE "$SYSTEM" || true
+  LD_LIBRARY_PATH="$BLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$1" 2>/dev/null | awk '/=> \//{print $3}' | grep -vE "$SYSTEM" || true
 }
 mapfile -t objects < <(find "$OUT/bin" "$OUT/lib" -type f \( -name '*.so*' -o -perm -u+x \))
 declare -A seen=()
@@ -58,12 +66,22 @@ while ((${#queue[@]})); do
   o=${queue[0]}
   queue=("${queue[@]:1}")
   while read -r lib; do
-    [[ -n "$lib" && -z "${seen[$lib]:-}" ]] || continue
+    [[ -n "$lib" && -z "${seen[$lib]:-}" && "${lib##*/}" != libopenblas.so.0 ]] || continue
     seen[$lib]=1
     cp -L "$lib" "$OUT/lib/"
     queue+=("$lib")
   done < <(collect "$o")
 done
+# Every OpenBLAS function a bundled object imports (from the system's library, as it was linked) must be in
+# the bundle's.
+SYS_BLAS=$(ldd "$BUILD/piper" | awk '$1 == "libopenblas.so.0" {print $3}')
+[ -f "$SYS_BLAS" ] || { echo "gpu-bundle: piper is not linked with libopenblas.so.0" >&2; exit 1; }
+defined() { nm -D --defined-only "$1" | awk '{print $3}' | sed 's/@.*//' | sort -u; }
+missing=$(for f in "$OUT"/bin/* "$OUT"/lib/*.so* "$OUT"/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so; do
+    [ -f "$f" ] && readelf -d "$f" 2>/dev/null | grep 'NEEDED.*\[libopenblas\.so\.0\]' >/dev/null || continue
+    nm -D --undefined-only "$f" | awk '{print $2}' | sed 's/@.*//'
+  done | sort -u | comm -12 - <(defined "$SYS_BLAS") | comm -23 - <(defined "$OUT/lib/libopenblas.so.0"))
+[ -z "$missing" ] || { echo "gpu-bundle: the bundle's OpenBLAS lacks: $missing" >&2; exit 1; }
 strip --strip-unneeded "$OUT"/bin/piper "$OUT"/bin/piper_tests "$OUT"/bin/sgemm_peak 2>/dev/null || true
 
 cp configs/*.toml "$OUT/configs/"

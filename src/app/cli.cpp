@@ -21,7 +21,7 @@ CliOptions parse_cli(int argc, char** argv) {
       ("config,c", po::value<std::string>(&o.config)->value_name("FILE"), "the job file (TOML)")
       ("set", po::value<std::vector<std::string>>(&o.overrides)->composing()->value_name("KEY=VALUE"),
        "override a job key, e.g. --set model.n_layers=4 (repeatable)")
-      ("steps", po::value<int64_t>(&o.steps)->value_name("N"), "end the run at step N (also when resuming)")
+      ("steps", po::value<int64_t>(&o.steps)->value_name("N"), "end the run at step N <= job.steps (past the checkpoint's step when resuming)")
       ("metrics", po::value<std::string>(&o.metrics)->value_name("FILE"), "write one JSON line per step")
       ("resume", po::value<std::string>(&o.resume)->value_name("auto|PATH"),
        "resume from the newest checkpoint in checkpoint.dir (auto) or from PATH")
@@ -31,6 +31,8 @@ CliOptions parse_cli(int argc, char** argv) {
       ("world", po::value<int>(&o.world)->value_name("N"), "with --dry-run: compile for N ranks on one process")
       ("trace", po::value<std::string>(&o.trace)->value_name("FILE"),
        "write a Chrome-trace JSON timeline of the whole job (open it in Perfetto)")
+      ("profile", po::bool_switch(&o.profile),
+       "time every kernel call (after the first step) and print a breakdown by kernel, model segment and matmul shape")
       ("help,h", po::bool_switch(&o.help), "show this help")
       ("version", po::bool_switch(&o.version), "show the version");
   std::ostringstream help;
@@ -48,6 +50,7 @@ CliOptions parse_cli(int argc, char** argv) {
   if (o.steps != -1 && o.steps < 1) throw UserError(cat("command line: --steps must be >= 1, found ", o.steps));
   if (o.world < 0) throw UserError(cat("command line: --world must be >= 1, found ", o.world));
   if (o.world > 0 && !o.dry_run) throw UserError("command line: --world N only works with --dry-run");
+  if (o.dry_run && o.profile) throw UserError("command line: --profile has no effect with --dry-run");
   if (o.dry_run && !o.resume.empty()) throw UserError("command line: --resume has no effect with --dry-run");
   return o;
 }

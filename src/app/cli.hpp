@@ -16,6 +16,7 @@ struct CliOptions {
   std::string dump_plan;               // directory
   int world = 0;                       // --world (dry run): compile for this many ranks
   std::string trace;                   // Chrome-trace JSON of the whole job
+  bool profile = false;                // per-kernel time breakdown after the run
   bool help = false, version = false;
   std::string help_text;
 };

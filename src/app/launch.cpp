@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "ckpt/folder.hpp"
 #include "compile/compile.hpp"
 #include "config/load.hpp"
 #include "data/data.hpp"
@@ -41,6 +42,10 @@ std::string unwritable_reason(const std::filesystem::path& dir) {
 
 JobSpec load_and_check(const CliOptions& opts, int world) {
   JobSpec spec = load_job(opts.config, opts.overrides);
+  if (opts.steps > spec.job.steps)
+    throw UserError(cat("--steps ", opts.steps, " is past job.steps = ", spec.job.steps, " (", spec.path,
+                        "): the learning-rate schedule is defined up to job.steps; raise job.steps (e.g. --set job.steps=",
+                        opts.steps, ") to train further"));
   expand_mesh(spec, world);
   if (find_family(spec.model.kind)->reads_tokens) {
     DataConfig d;
@@ -91,6 +96,10 @@ Plan launch(const CliOptions& opts, MPI_Comm world) {
         if (ec || !std::filesystem::is_directory(spec.checkpoint.dir))
           throw UserError(cat(spec.path, ": checkpoint.dir = \"", spec.checkpoint.dir, "\" cannot be created: ",
                               ec ? ec.message() : std::string("not a folder")));
+        // One job per folder, for the whole run; only its holder clears what an interrupted save left.
+        lock_checkpoint_folder(spec.checkpoint.dir, spec.job.name);
+        for (const std::string& f : remove_stale_temp_files(spec.checkpoint.dir))
+          std::printf("checkpoint: removed %s, left by an interrupted save\n", f.c_str());
       }
       set_of = rank_sets(result.graph);
       for (const auto& b : result.bodies) {

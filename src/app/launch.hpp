@@ -17,7 +17,8 @@ struct ExitRequest {
 // Reads, validates and [mesh]-expands the job; checks the data against the model.
 JobSpec load_and_check(const CliOptions& opts, int world);
 
-// Collective over `world`.
+// Collective over `world`. Rank 0 also takes the checkpoint folder's lock for the rest of the process and
+// removes the temporary files an interrupted save left there (ckpt/folder.hpp).
 Plan launch(const CliOptions& opts, MPI_Comm world);
 
 

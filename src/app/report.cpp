@@ -139,4 +139,14 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
   return ok != 0;
 }
 
+void print_in_rank_order(const std::string& text, MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  Gathered<char> all = gather_to_root(std::vector<char>(text.begin(), text.end()), world);
+  if (rank != 0) return;
+  for (int r = 0; r < size; ++r) std::fwrite(all.begin(r), 1, size_t(all.end(r) - all.begin(r)), stdout);
+  std::fflush(stdout);
+}
+
 }  // namespace piper

@@ -3,6 +3,8 @@
 #pragma once
 #include <mpi.h>
 
+#include <string>
+
 #include "runtime/executor.hpp"
 
 namespace piper {
@@ -13,5 +15,8 @@ void report_memory(Executor& ex, MPI_Comm world);
 // Collective. Returns false (and rank 0 prints which parameter differs between which ranks) when copies
 // of a parameter disagree. Sharded parameters are compared as the replicas gather them.
 bool check_replicas(Executor& ex, MPI_Comm world);
+
+// Collective. Rank 0 prints every rank's `text`, in rank order.
+void print_in_rank_order(const std::string& text, MPI_Comm world);
 
 }  // namespace piper

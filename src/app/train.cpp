@@ -10,10 +10,12 @@
 #include <fstream>
 #include <thread>
 
+#include "app/metrics_file.hpp"
 #include "app/report.hpp"
 #include "app/stop_signals.hpp"
 #include "app/trace_file.hpp"
 #include "backend/backend.hpp"
+#include "backend/profiling_kernels.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "model/segment_type.hpp"
 #include "runtime/executor.hpp"
@@ -68,19 +70,32 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int local_rank = 0;
   const int threads = resolve_threads(plan.threads, world, &local_rank);
   std::unique_ptr<Backend> backend = make_backend(plan.backend, threads, local_rank);
-  Executor ex(plan, *backend, world);
+  std::unique_ptr<ProfilingKernels> profiler;
+  if (opts.profile) profiler = std::make_unique<ProfilingKernels>(backend->kernels());
+  Executor ex(plan, *backend, world, profiler.get());
   ex.init_parameters();
   install_stop_signals(rank);
   ex.watch_stop_flag(&stop_signal());
 
   int64_t start = 0;
   if (!opts.resume.empty()) {
+    // Rank 0 verifies the file (auto: the newest that verifies); a bad one ends every rank with exit code 2.
     std::string path;
+    int verified = 1;
     if (rank == 0) {
-      path = opts.resume == "auto" ? latest_checkpoint(plan.checkpoint_dir) : opts.resume;
-      if (opts.resume == "auto" && path.empty())
-        std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
+      try {
+        ResumeChoice choice = choose_resume_checkpoint(opts.resume, plan.checkpoint_dir);
+        for (const auto& w : choice.warnings) std::fprintf(stderr, "piper: warning: resume: %s\n", w.c_str());
+        path = choice.path;
+        if (path.empty())
+          std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
+      } catch (const UserError& e) {
+        std::fprintf(stderr, "piper: error: %s\n", e.what());
+        verified = 0;
+      }
     }
+    MPI_CHECK(MPI_Bcast(&verified, 1, MPI_INT, 0, world));
+    if (!verified) return 2;
     path = broadcast_string(path, world);
     if (!path.empty()) {
       // Every rank reads its own ranges; a bad file ends all ranks together with exit code 2.
@@ -93,14 +108,16 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       }
       MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, world));
       if (any_failed) return 2;
+      if (opts.steps > 0 && opts.steps <= start)  // every rank read the same step: all end here
+        throw UserError(cat("--steps ", opts.steps, ": ", path, " is at step ", start,
+                            "; a resumed run must end past it (--steps > ", start, ")"));
       if (rank == 0) std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(start));
     }
   }
   const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;
   std::ofstream metrics;
   if (rank == 0 && !opts.metrics.empty()) {
-    metrics.open(opts.metrics, start > 0 ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw SystemError(cat("--metrics: cannot open '", opts.metrics, "' for writing"));
+    open_metrics(metrics, opts.metrics, start);  // a resumed run drops the lines past its checkpoint
   }
   if (rank == 0)
     std::printf("%s: %d rank%s, %s backend, %d thread%s per rank, steps %lld..%lld\n", plan.job_name.c_str(), plan.world,
@@ -125,6 +142,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   bool balance = false;  // the model has segments with a balance loss: report it apart
   for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
   int64_t skipped_in_row = 0, skipped_total = 0;
+  double profiled_seconds = 0;
   for (int64_t step = start; step < end; ++step) {
     double t0 = now_seconds();
     StepMetrics m = ex.run_step(step);
@@ -134,7 +152,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     if (step > start || end - start == 1) {
       times += ex.last_step_times();
       ++timed_steps;
+      profiled_seconds += dt;
     }
+    if (profiler && step == start && end - start > 1) profiler->reset();  // the first step warms up
     if (!opts.trace.empty() && ((step >= trace_first && step <= trace_last) || end - start == 1)) {
       auto ev = ex.take_events();
       trace.insert(trace.end(), ev.begin(), ev.end());
@@ -181,8 +201,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     }
     if (m.stop_requested) {
       if (!plan.checkpoint_dir.empty() && last_saved != step + 1) {
-        save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
-        if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+        if (int code = save_checkpoint(ex, step + 1, plan.checkpoint_dir, world)) return code;
+        if (rank == 0)
+          prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, step + 1));
       }
       if (rank == 0) {
         if (plan.checkpoint_dir.empty())
@@ -196,14 +217,16 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       return kExitStopped;
     }
     if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
-      save_checkpoint(ex, step + 1, plan.checkpoint_dir, world);
-      if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+      if (int code = save_checkpoint(ex, step + 1, plan.checkpoint_dir, world)) return code;
+      if (rank == 0)
+        prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, step + 1));
       last_saved = step + 1;
     }
   }
   if (!plan.checkpoint_dir.empty() && end > start && last_saved != end) {
-    save_checkpoint(ex, end, plan.checkpoint_dir, world);
-    if (rank == 0) prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep);
+    if (int code = save_checkpoint(ex, end, plan.checkpoint_dir, world)) return code;
+    if (rank == 0)
+      prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, end));
   }
   if (rank == 0 && skipped_total > 0)
     std::printf("%lld step%s had a non-finite loss or gradient norm and applied no update\n",
@@ -212,6 +235,12 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
   if (!opts.trace.empty()) write_trace(opts.trace, ex, trace, world);
   report_times(plan, times, timed_steps, world);
+  if (profiler) {
+    std::string text = format_profile(profiler->take(profiled_seconds, timed_steps), rank);
+    if (backend->name() != "cpu")
+      text += "  (kernels run asynchronously on this backend: the times are the host's launch times)\n";
+    print_in_rank_order(text, world);
+  }
   report_memory(ex, world);
   return check_replicas(ex, world) ? 0 : 1;
 }

@@ -16,6 +16,10 @@ class Kernels {
  public:
   virtual ~Kernels() = default;
 
+  // The calls that follow on this thread belong to `name` (a model segment): for profilers and tracing
+  // tools; backends ignore it.
+  virtual void begin_region(const char* name) { (void)name; }
+
   // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null.
   virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) = 0;
   // y(N,OC) = gelu_tanh(x · w^T + b); dgelu(N,OC) = gelu_tanh'(x · w^T + b), kept for the backward.

@@ -1,86 +1,41 @@
-// Checkpoint save (gather owned slices on rank 0, write a temporary HDF5 file, rename) and load (each
-// rank reads the hyperslabs it holds). Datasets are chunked with the Fletcher32 checksum filter.
+// Checkpoint save (gather owned slices on rank 0, write a temporary HDF5 file, fsync, verify, rename) and
+// load (each rank reads the hyperslabs it holds). Datasets are chunked with the Fletcher32 checksum filter.
 #include "ckpt/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
 #include <vector>
 
+#include "ckpt/checksum.hpp"
+#include "ckpt/hdf5_util.hpp"
+#include "ckpt/verify.hpp"
+#include "ckpt/resume_check.hpp"
 #include "util/error.hpp"
+#include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
 #include "util/mpi_gather.hpp"
-
-#define H5_CHECK(expr)                                                                          \
-  ([&]() {                                                                                      \
-    auto rc_ = (expr);                                                                          \
-    if (rc_ < 0) throw ::piper::SystemError(::piper::cat(__FILE__, ":", __LINE__, ": HDF5 call failed: ", #expr)); \
-    return rc_;                                                                                 \
-  }())
 
 namespace piper {
 
 namespace fs = std::filesystem;
+using h5::Handle;
 
 namespace {
 
-constexpr const char* kFormat = "piper-checkpoint";
-constexpr int64_t kFormatVersion = 1;
 const char* kGroups[3] = {"params", "adam_m", "adam_v"};
-
-// Closes an HDF5 handle when it goes out of scope.
-struct H5Handle {
-  hid_t id = -1;
-  herr_t (*close)(hid_t) = nullptr;
-  H5Handle(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  ~H5Handle() {
-    if (id >= 0 && close) close(id);
-  }
-  H5Handle(const H5Handle&) = delete;
-  H5Handle& operator=(const H5Handle&) = delete;
-  operator hid_t() const { return id; }
-};
-
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-void write_attr_i64(hid_t obj, const char* name, int64_t v) {
-  H5Handle space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Handle a(H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, &v));
-}
-
-void write_attr_str(hid_t obj, const char* name, const std::string& v) {
-  H5Handle type(H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  H5_CHECK(H5Tset_size(type, H5T_VARIABLE));
-  H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
-  H5Handle space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Handle a(H5_CHECK(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
-  const char* p = v.c_str();
-  H5_CHECK(H5Awrite(a, type, &p));
-}
-
-bool read_attr_i64(hid_t obj, const char* name, int64_t& v) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  H5Handle a(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)), H5Aclose);
-  H5_CHECK(H5Aread(a, H5T_NATIVE_INT64, &v));
-  return true;
-}
-
-bool read_attr_str(hid_t obj, const char* name, std::string& v) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  H5Handle a(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)), H5Aclose);
-  H5Handle type(H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  H5_CHECK(H5Tset_size(type, H5T_VARIABLE));
-  H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
-  char* p = nullptr;
-  H5_CHECK(H5Aread(a, type, &p));
-  v = p ? p : "";
-  H5free_memory(p);
-  return true;
-}
+static_assert(std::endian::native == std::endian::little, "tensors are hashed as stored: float32 little-endian");
 
 // A logical tensor as (rows, cols): 1-D tensors are (n, 1).
 std::pair<hsize_t, hsize_t> rows_cols(const ParamSpec& p) {
@@ -90,19 +45,73 @@ std::pair<hsize_t, hsize_t> rows_cols(const ParamSpec& p) {
   return {hsize_t(p.shape[0]), cols};
 }
 
-void write_dataset(hid_t group, const ParamSpec& p, const float* data) {
+// Writes one tensor; returns its share of the checksum.
+DatasetDigest write_dataset(hid_t group, const char* group_name, const ParamSpec& p, const float* data) {
   std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
   std::vector<hsize_t> chunk = dims;
   auto [rows, cols] = rows_cols(p);
   (void)rows;
   chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t(1) << 20) / std::max<hsize_t>(1, cols)));
-  H5Handle space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
-  H5Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+  Handle space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
+  Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
   H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
   H5_CHECK(H5Pset_fletcher32(dcpl));
-  H5Handle ds(H5_CHECK(H5Dcreate2(group, p.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)),
-              H5Dclose);
+  Handle ds(H5_CHECK(H5Dcreate2(group, p.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)),
+            H5Dclose);
   H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  H5_CHECK(ds.close());
+  DatasetDigest d{cat(group_name, "/", p.name), std::vector<uint64_t>(dims.begin(), dims.end()), sizeof(float), 0};
+  Fnv1a64 h;
+  h.add(data, size_t(p.numel) * sizeof(float));
+  d.bytes_hash = h.value();
+  return d;
+}
+
+// Flushes a file's (or a folder's) data to the device: 0, or the errno of the failure.
+int fsync_path(const std::string& path, bool folder) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (folder ? O_DIRECTORY : 0));
+  if (fd < 0) return errno;
+  int err = ::fsync(fd) == 0 ? 0 : errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  return err;
+}
+
+// Why writing `file` failed, for people: the errno text the file driver saw ("No space left on device"),
+// else the failed call with HDF5's reason and, on a nearly full file system, its free space.
+std::string write_failure(const std::string& file, const std::exception& e) {
+  int err = 0;
+  if (const auto* h = dynamic_cast<const h5::Error*>(&e)) err = h->sys_errno;
+  if (const auto* f = dynamic_cast<const fs::filesystem_error*>(&e)) err = f->code().value();
+  if (err != 0) return cat(file, ": ", std::strerror(err));
+  struct statvfs sv;
+  std::string free_space;
+  if (::statvfs(fs::path(file).parent_path().c_str(), &sv) == 0 && uint64_t(sv.f_bavail) * sv.f_frsize < (1u << 20))
+    free_space = cat(" (its file system has only ", uint64_t(sv.f_bavail) * sv.f_frsize, " bytes free)");
+  return cat(file, ": ", e.what(), free_space);
+}
+
+// After a failed write: frees the temporary file's space, so that HDF5 can flush what it still holds and
+// close the file even on a full disk (a handle left open would crash HDF5's cleanup at exit), closes
+// everything open in it and removes it.
+void abandon_file(hid_t file, const std::string& path) {
+  if (file >= 0) {
+    void* fd = nullptr;
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &fd) >= 0 && fd) (void)::ftruncate(*static_cast<int*>(fd), 0);
+    const unsigned kinds = H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR | H5F_OBJ_LOCAL;
+    std::vector<hid_t> still_open(size_t(std::max<ssize_t>(0, H5Fget_obj_count(file, kinds))));
+    still_open.resize(size_t(std::max<ssize_t>(0, H5Fget_obj_ids(file, kinds, still_open.size(), still_open.data()))));
+    for (hid_t id : still_open) H5Iget_type(id) == H5I_ATTR ? H5Aclose(id) : H5Oclose(id);
+    H5Fclose(file);
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+// The first non-finite value of a tensor as "nan at element 17", or "".
+std::string first_non_finite(const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) return cat(v[i], " at element ", i);
+  return "";
 }
 
 // Reads elements [begin, begin+count) of the flattened tensor into out.
@@ -111,8 +120,8 @@ void read_range(hid_t file, const std::string& path, const char* group, const Pa
   std::string name = std::string(group) + "/" + p.name;
   if (H5Lexists(file, group, H5P_DEFAULT) <= 0 || H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0)
     throw UserError(cat(path, ": checkpoint has no tensor '", name, "'; it was written for a different model"));
-  H5Handle ds(H5_CHECK(H5Dopen2(file, name.c_str(), H5P_DEFAULT)), H5Dclose);
-  H5Handle space(H5_CHECK(H5Dget_space(ds)), H5Sclose);
+  Handle ds(H5_CHECK(H5Dopen2(file, name.c_str(), H5P_DEFAULT)), H5Dclose);
+  Handle space(H5_CHECK(H5Dget_space(ds)), H5Sclose);
   int nd = H5_CHECK(H5Sget_simple_extent_ndims(space));
   std::vector<hsize_t> dims(static_cast<size_t>(nd));
   H5_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
@@ -133,7 +142,7 @@ void read_range(hid_t file, const std::string& path, const char* group, const Pa
   extent[0] = r1 - r0;
   H5_CHECK(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr));
   hsize_t n = (r1 - r0) * cols;
-  H5Handle mem(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
+  Handle mem(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
   std::vector<float> tmp(n);
   if (H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, tmp.data()) < 0)
     throw UserError(cat(path, ": reading '", name, "' failed: checksum mismatch or damaged file"));
@@ -184,6 +193,26 @@ std::string layout_text(const Plan& p) {
   return s;
 }
 
+// What --resume compares (resume_check.hpp); seed and sampler are written with the other attributes.
+void write_run_record(hid_t file, const Plan& plan) {
+  const RunRecord r = run_record(plan);
+  h5::write_attr_str(file, "model", r.model);
+  if (!r.has_data) return;
+  h5::write_attr_str(file, "data_path", r.data_path);
+  h5::write_attr_i64(file, "data_bytes", r.data_bytes);
+  h5::write_attr_str(file, "data_hash", r.data_hash);
+}
+
+RunRecord read_run_record(hid_t file) {
+  RunRecord r;
+  r.has_seed = h5::read_attr_i64(file, "seed", r.seed);
+  h5::read_attr_str(file, "sampler", r.sampler);
+  h5::read_attr_str(file, "model", r.model);
+  r.has_data = h5::read_attr_str(file, "data_path", r.data_path) && h5::read_attr_i64(file, "data_bytes", r.data_bytes) &&
+               h5::read_attr_str(file, "data_hash", r.data_hash);
+  return r;
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
@@ -192,7 +221,7 @@ std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
   return (fs::path(dir) / name).string();
 }
 
-void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world) {
+int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
   int rank = 0, size = 1;
@@ -207,6 +236,13 @@ void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, M
   for (const auto& p : mine) meta.insert(meta.end(), {p.param, p.start, p.count});
   Gathered<int64_t> all = gather_to_root(meta, comm);
 
+  // Every rank learns rank 0's outcome: 0, or the exit code of a failed save.
+  int code = 0;
+  auto finish = [&] {
+    MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm));
+    MPI_Comm_free(&comm);
+    return code;
+  };
   std::vector<float> staging;
   if (rank != 0) {
     for (const auto& p : mine)
@@ -215,9 +251,7 @@ void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, M
         k.download(staging.data(), p.src[t], size_t(p.count) * sizeof(float));
         MPI_CHECK(MPI_Send(staging.data(), int(p.count), MPI_FLOAT, 0, t, comm));
       }
-    MPI_CHECK(MPI_Barrier(comm));
-    MPI_Comm_free(&comm);
-    return;
+    return finish();
   }
 
   // Rank 0: pieces by parameter, each from its rank in start order.
@@ -228,76 +262,102 @@ void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, M
   std::map<std::pair<int64_t, int64_t>, const Piece*> local;
   for (const auto& p : mine) local[{p.param, p.start}] = &p;
 
-  fs::create_directories(dir);
   const std::string final_path = checkpoint_path(dir, steps_done);
-  const std::string tmp_path = (fs::path(dir) / ("." + fs::path(final_path).filename().string() + ".tmp")).string();
-  std::string failure;
+  const std::string final_name = fs::path(final_path).filename().string();
+  const std::string tmp_path = (fs::path(dir) / ("." + final_name + ".tmp")).string();
+  std::string failure;  // the first thing that went wrong; every piece is still received after it
+  auto record = [&](int exit_code, const std::string& why) {
+    if (failure.empty()) failure = why, code = exit_code;
+  };
+  h5::quiet();
+  Handle file(-1, H5Fclose);
+  hid_t groups[3] = {-1, -1, -1};
+  std::vector<DatasetDigest> digests;
   try {
-    quiet_hdf5();
-    H5Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (file.id < 0) throw SystemError(cat("cannot create checkpoint file ", tmp_path));
-    write_attr_str(file, "format", kFormat);
-    write_attr_i64(file, "format_version", kFormatVersion);
-    write_attr_i64(file, "step", steps_done);
-    write_attr_i64(file, "data_step", steps_done);
-    write_attr_i64(file, "seed", int64_t(plan.seed));
-    write_attr_str(file, "sampler", plan.data.sequential ? "sequential" : "random");
-    write_attr_str(file, "job_name", plan.job_name);
-    write_attr_str(file, "job", plan.job_text);
-    write_attr_str(file, "layout", layout_text(plan));
-    hid_t groups[3];
+    fs::create_directories(dir);
+    Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+    H5_CHECK(H5Pset_fapl_sec2(fapl));  // the POSIX driver: its errors carry errno
+    file.id = H5_CHECK(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    h5::write_attr_str(file, "format", kCheckpointFormat);
+    h5::write_attr_i64(file, "format_version", kCheckpointVersion);
+    h5::write_attr_i64(file, "step", steps_done);
+    h5::write_attr_i64(file, "data_step", steps_done);
+    h5::write_attr_i64(file, "seed", int64_t(plan.seed));
+    h5::write_attr_str(file, "sampler", plan.data.sequential ? "sequential" : "random");
+    h5::write_attr_str(file, "job_name", plan.job_name);
+    h5::write_attr_str(file, "job", plan.job_text);
+    h5::write_attr_str(file, "layout", layout_text(plan));
+    write_run_record(file, plan);
     for (int t = 0; t < 3; ++t)
       groups[t] = H5_CHECK(H5Gcreate2(file, kGroups[t], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    std::vector<float> full[3];
-    for (size_t pi = 0; pi < plan.params.size(); ++pi) {
-      const ParamSpec& spec = plan.params[pi];
-      for (auto& f : full) f.assign(size_t(spec.numel), 0.f);
-      int64_t covered = 0;
-      for (const From& fr : by_param[int64_t(pi)]) {
-        for (int t = 0; t < 3; ++t) {
-          float* dst = full[t].data() + fr.start;
-          if (fr.rank == 0) k.download(dst, local.at({int64_t(pi), fr.start})->src[t], size_t(fr.count) * sizeof(float));
-          else MPI_CHECK(MPI_Recv(dst, int(fr.count), MPI_FLOAT, fr.rank, t, comm, MPI_STATUS_IGNORE));
-        }
-        covered += fr.count;
-      }
-      PIPER_CHECK(covered == spec.numel, "checkpoint of ", spec.name, " covers ", covered, " of ", spec.numel, " elements");
-      for (int t = 0; t < 3; ++t) write_dataset(groups[t], spec, full[t].data());
-    }
-    for (hid_t g : groups) H5Gclose(g);
-    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL));
   } catch (const std::exception& e) {
-    failure = e.what();
+    record(kExitFailure, write_failure(tmp_path, e));
+  }
+  std::vector<float> full[3];
+  for (size_t pi = 0; pi < plan.params.size(); ++pi) {
+    const ParamSpec& spec = plan.params[pi];
+    for (auto& f : full) f.assign(size_t(spec.numel), 0.f);
+    int64_t covered = 0;
+    for (const From& fr : by_param[int64_t(pi)]) {
+      for (int t = 0; t < 3; ++t) {
+        float* dst = full[t].data() + fr.start;
+        if (fr.rank == 0) k.download(dst, local.at({int64_t(pi), fr.start})->src[t], size_t(fr.count) * sizeof(float));
+        else MPI_CHECK(MPI_Recv(dst, int(fr.count), MPI_FLOAT, fr.rank, t, comm, MPI_STATUS_IGNORE));
+      }
+      covered += fr.count;
+    }
+    PIPER_CHECK(covered == spec.numel, "checkpoint of ", spec.name, " covers ", covered, " of ", spec.numel, " elements");
+    for (int t = 0; t < 3 && failure.empty(); ++t) {
+      if (std::string where = first_non_finite(full[t]); !where.empty()) {
+        record(kExitNonFinite, cat("tensor '", kGroups[t], "/", spec.name, "' holds a non-finite value (", where, ")"));
+        break;
+      }
+      try {
+        digests.push_back(write_dataset(groups[t], kGroups[t], spec, full[t].data()));
+      } catch (const std::exception& e) {
+        record(kExitFailure, write_failure(tmp_path, e));
+      }
+    }
+  }
+  if (failure.empty()) {
+    try {
+      h5::write_attr_str(file, kChecksumAttribute, checksum_text(checkpoint_checksum(file, digests)));
+      for (hid_t& g : groups) H5_CHECK(H5Gclose(std::exchange(g, -1)));
+      H5_CHECK(file.close());
+      if (int err = fsync_path(tmp_path, false)) record(kExitFailure, cat(tmp_path, ": fsync: ", std::strerror(err)));
+    } catch (const std::exception& e) {
+      record(kExitFailure, write_failure(tmp_path, e));
+    }
+  }
+  if (failure.empty()) {
+    try {
+      verify_checkpoint(tmp_path, final_name);
+    } catch (const UserError& e) {
+      record(kExitFailure, cat("the file written does not verify: ", e.what()));
+    }
   }
   if (failure.empty()) {
     std::error_code ec;
     fs::rename(tmp_path, final_path, ec);
-    if (ec) failure = cat("cannot rename ", tmp_path, " to ", final_path, ": ", ec.message());
+    if (ec) record(kExitFailure, cat("cannot rename ", tmp_path, " to ", final_path, ": ", ec.message()));
+    else if (int err = fsync_path(dir, true))
+      record(kExitFailure, cat(dir, ": fsync of the folder: ", std::strerror(err)));
   }
   if (!failure.empty()) {
-    std::error_code ec;
-    fs::remove(tmp_path, ec);
-    throw SystemError(cat("checkpoint at step ", steps_done, " not written: ", failure));
+    abandon_file(std::exchange(file.id, -1), tmp_path);
+    std::fprintf(stderr, "piper: error: checkpoint at step %lld not written: %s; older checkpoints are kept\n",
+                 static_cast<long long>(steps_done), failure.c_str());
+    std::fflush(stderr);
   }
-  MPI_CHECK(MPI_Barrier(comm));
-  MPI_Comm_free(&comm);
+  return finish();
 }
 
-int64_t load_checkpoint(Executor& ex, const std::string& path) {
+namespace {
+
+// Every rank reads the ranges of parameters and moments that it holds.
+void read_tensors(Executor& ex, hid_t file, const std::string& path) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
-  quiet_hdf5();
-  if (!fs::is_regular_file(path)) throw UserError(cat("--resume: no checkpoint file '", path, "'"));
-  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file.id < 0) throw UserError(cat(path, ": not an HDF5 file"));
-  std::string format;
-  int64_t version = 0, steps = 0;
-  if (!read_attr_str(file, "format", format) || format != kFormat)
-    throw UserError(cat(path, ": not a piper checkpoint (attribute format != \"", kFormat, "\")"));
-  read_attr_i64(file, "format_version", version);
-  if (version != kFormatVersion)
-    throw UserError(cat(path, ": checkpoint format version ", version, ", this piper reads ", kFormatVersion));
-  if (!read_attr_i64(file, "step", steps)) throw UserError(cat(path, ": checkpoint has no 'step' attribute"));
   std::vector<float> host;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
@@ -318,38 +378,37 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
       }
     }
   }
+}
+
+}  // namespace
+
+int64_t load_checkpoint(Executor& ex, const std::string& path) {
+  h5::quiet();
+  if (!fs::is_regular_file(path)) throw UserError(cat(path, ": no checkpoint file (it does not exist)"));
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file.id < 0) throw UserError(cat(path, ": not a readable HDF5 file (not a checkpoint, or truncated)"));
+  int64_t version = 0, steps = 0;
+  try {
+    std::string format;
+    if (!h5::read_attr_str(file, "format", format) || format != kCheckpointFormat)
+      throw UserError(cat("not a piper checkpoint (no attribute format = \"", kCheckpointFormat, "\")"));
+    if (!h5::read_attr_i64(file, "format_version", version) || version < 1 || version > kCheckpointVersion)
+      throw UserError(
+          cat("checkpoint format version ", version, "; this piper reads versions 1 to ", kCheckpointVersion));
+    if (!h5::read_attr_i64(file, "step", steps)) throw UserError("has no attribute 'step'");
+  } catch (const UserError& e) {
+    throw UserError(cat(path, ": ", e.what()));
+  }
+  const Plan& plan = ex.plan();
+  if (plan.rank == 0)  // the job must be the one the checkpoint was trained with, up to checkpoint.allow_changes
+    for (const std::string& w : check_resume(read_run_record(file), run_record(plan), plan.allow_changes, path))
+      std::fprintf(stderr, "piper: warning: %s\n", w.c_str());
+  try {
+    read_tensors(ex, file, path);
+  } catch (const h5::Error&) {
+    throw UserError(cat(path, ": cannot be read (damaged or truncated file)"));
+  }
   return steps;
-}
-
-std::string latest_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) return "";
-  std::string best;
-  long long best_step = -1;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    long long step = 0;
-    char tail[8] = {0};
-    if (std::sscanf(name.c_str(), "step_%lld.%3s", &step, tail) == 2 && std::string(tail) == "h5" &&
-        name.size() > 3 && name.substr(name.size() - 3) == ".h5" && step > best_step) {
-      best_step = step;
-      best = e.path().string();
-    }
-  }
-  return best;
-}
-
-void prune_checkpoints(const std::string& dir, int keep) {
-  if (keep <= 0) return;
-  std::error_code ec;
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".h5")
-      files.push_back(e.path().string());
-  }
-  std::sort(files.begin(), files.end());
-  for (size_t i = 0; i + size_t(keep) < files.size(); ++i) fs::remove(files[i], ec);
 }
 
 }  // namespace piper

@@ -1,31 +1,32 @@
 // HDF5 checkpoints: logical (unsharded) tensors by name — parameters and AdamW moments — plus the step,
-// data position, seed, job text and layout as attributes (docs/checkpoint-format.md). Saving gathers
-// each rank's owned slices on rank 0, which writes a temporary file and renames it when complete;
-// loading lets every rank read exactly the ranges it holds, under any strategy.
+// data position, seed, job text, layout and a checksum as attributes (docs/checkpoint-format.md). Saving
+// gathers each rank's owned slices on rank 0, which writes a temporary file, syncs and verifies it and
+// renames it; loading lets every rank read exactly the ranges it holds, under any strategy.
 #pragma once
 #include <mpi.h>
 
 #include <cstdint>
 #include <string>
 
+#include "ckpt/folder.hpp"
+#include "ckpt/verify.hpp"
 #include "runtime/executor.hpp"
 
 namespace piper {
 
-// Collective over `world`. `steps_done` is the number of completed steps (the next step to run).
-void save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world);
+// Collective over `world`. `steps_done` is the number of completed steps (the next step to run). Rank 0
+// writes `dir/.step_N.h5.tmp`, fsyncs it, verifies it, renames it to step_N.h5 and fsyncs `dir`. Returns
+// 0 on every rank, or the exit code of a failed save after rank 0 printed why: kExitFailure for a write
+// error (a full disk: "No space left on device", naming the file), kExitNonFinite when a tensor holds a
+// non-finite value. The temporary file is then removed; older checkpoints are untouched.
+[[nodiscard]] int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world);
 
-// Every rank reads its ranges. Returns the number of completed steps stored in the file.
-// Throws UserError (naming the file and tensor) when the checkpoint does not fit the model.
+// Every rank reads its ranges. Returns the number of completed steps stored in the file. Throws
+// UserError (naming the file, and the tensor) when the file cannot be read or does not fit the model.
+// It checks the format only: verify_checkpoint (rank 0, before) checks the rest.
 int64_t load_checkpoint(Executor& ex, const std::string& path);
-
-// Newest complete checkpoint (step_*.h5) in `dir`, or "" when there is none.
-std::string latest_checkpoint(const std::string& dir);
 
 // "dir/step_00000100.h5"
 std::string checkpoint_path(const std::string& dir, int64_t steps_done);
-
-// Removes all but the newest `keep` checkpoints (keep = 0: keep all).
-void prune_checkpoints(const std::string& dir, int keep);
 
 }  // namespace piper

@@ -6,6 +6,7 @@
 #include "ir/build.hpp"
 #include "passes/passes.hpp"
 #include "model/build.hpp"
+#include "model/family.hpp"
 #include "util/error.hpp"
 #include "util/timer.hpp"
 
@@ -17,12 +18,15 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.backend = spec.job.backend;
   p.seed = spec.job.seed;
   p.steps = spec.job.steps;
+  p.watchdog_s = spec.job.watchdog_s;
   p.log_every = spec.job.log_every;
   p.skip_nonfinite = spec.job.on_nonfinite == "skip";
   p.max_skipped = spec.job.max_skipped;
   p.checkpoint_dir = spec.checkpoint.dir;
   p.checkpoint_every = spec.checkpoint.every;
   p.checkpoint_keep = spec.checkpoint.keep;
+  p.allow_changes = spec.checkpoint.allow_changes;
+  p.model_keys = model_keys_text(spec.model);
   p.threads = spec.job.threads;
   p.optimizer = spec.optimizer;
   const Model& m = *g.model;

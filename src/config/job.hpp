@@ -39,6 +39,7 @@ struct JobSection {
   uint64_t seed = 1234;
   std::string backend = "cpu";  // cpu | cuda
   int threads = 0;              // compute threads per rank; 0 = cores / ranks on the node
+  double watchdog_s = 600;      // no instruction finished for this long during a step ends the job (exit 5); 0 = off
   int64_t log_every = 1;
   std::string on_nonfinite = "stop";  // a non-finite loss or gradient norm: stop (exit 3) | skip the update
   int64_t max_skipped = 5;            // with "skip": stop after this many skipped steps in a row
@@ -62,6 +63,9 @@ struct CheckpointSpec {
   std::string dir;   // empty: no checkpoints
   int64_t every = 0;  // 0: only at the end of the run
   int keep = 0;       // 0: keep all
+  // Settings --resume may find changed against the checkpoint with a warning instead of an error:
+  // "job.seed", "data.sampler", "data.path" (the data file's content), "model.KEY".
+  std::vector<std::string> allow_changes;
 };
 
 // [mesh]: a shorthand that writes annotations and directives for the common cases.

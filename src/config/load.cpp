@@ -128,6 +128,7 @@ void load_job_section(TomlReader& r, JobSection& j) {
   j.seed = uint64_t(r.get_int("seed", int64_t(j.seed), 0, INT64_MAX));
   j.backend = r.get_string("backend", j.backend, {"cpu", "cuda"});
   j.threads = int(r.get_int("threads", j.threads, 0, 1024));
+  j.watchdog_s = r.get_float("watchdog_s", j.watchdog_s, 0, 1e9);
   j.log_every = r.get_int("log_every", j.log_every, 1, INT64_MAX);
   j.on_nonfinite = r.get_string("on_nonfinite", j.on_nonfinite, {"stop", "skip"});
   j.max_skipped = r.get_int("max_skipped", j.max_skipped, 1, INT64_MAX);
@@ -176,10 +177,42 @@ void load_optimizer(TomlReader& r, OptimizerSpec& o) {
   r.finish();
 }
 
-void load_checkpoint(TomlReader& r, CheckpointSpec& c) {
+// The settings --resume compares with the checkpoint, named as checkpoint.allow_changes names them.
+std::vector<std::string> resume_settings() {
+  std::vector<std::string> names = {"job.seed", "data.sampler", "data.path"};
+  for (const std::string& k : all_model_keys()) names.push_back("model." + k);
+  return names;
+}
+
+void load_checkpoint(TomlReader& r, CheckpointSpec& c, const LoadContext& ctx) {
   c.dir = r.get_string("dir", c.dir);
   c.every = r.get_int("every", c.every, 0, INT64_MAX);
   c.keep = int(r.get_int("keep", c.keep, 0, 1 << 20));
+  if (const toml::node* n = r.get_node("allow_changes")) {
+    const toml::array* a = n->as_array();
+    if (!a) r.error("allow_changes", "an array of setting names such as [\"job.seed\", \"data.path\"]", n);
+    const std::vector<std::string> known = resume_settings();
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::node* e = a->get(i);
+      const std::string kp = cat(r.key_path("allow_changes"), "[", i, "]");
+      // the element's line and column, or the --set that wrote the array
+      const std::string where = cat(node_loc(e, r.key_path("allow_changes"), ctx).str(), ": ", kp, ": ");
+      const std::string expected =
+          "expected \"job.seed\", \"data.sampler\", \"data.path\" or \"model.KEY\" for a key of [model] "
+          "(\"model.d_ff\", \"model.moe.top_k\", ...)";
+      const auto* s = e->as_string();
+      if (!s) throw UserError(cat(where, expected, ", found ", describe_node(e)));
+      if (std::find(known.begin(), known.end(), s->get()) == known.end()) {
+        std::string best;
+        size_t best_d = 3;
+        for (const auto& k : known)
+          if (size_t d = edit_distance(s->get(), k); d < best_d) { best_d = d; best = k; }
+        throw UserError(cat(where, "unknown setting \"", s->get(), "\"",
+                            best.empty() ? cat("; ", expected) : cat(" (did you mean \"", best, "\"?)")));
+      }
+      c.allow_changes.push_back(s->get());
+    }
+  }
   r.finish();
 }
 
@@ -386,12 +419,19 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
     }
   };
   with("job", [&](TomlReader& r) { load_job_section(r, spec.job); });
+  if (!root.contains("model")) {
+    std::string kinds;
+    for (const auto& k : family_kinds()) kinds += cat(kinds.empty() ? "" : " | ", k);
+    throw UserError(cat(name, ": [model]: missing; say what to train: a [model] table with kind = ", kinds,
+                        " and the family's keys (README, \"The job file\")"));
+  }
   with("model", [&](TomlReader& r) { load_model(r, spec.model); });
   with("data", [&](TomlReader& r) { load_data(r, spec.data, spec.model); });
   if (!root.contains("data") && find_family(spec.model.kind)->reads_tokens)
-    throw UserError(cat(name, ": [data]: missing; a ", spec.model.kind, " job needs data.path"));
+    throw UserError(cat(name, ": [data]: missing; a ", spec.model.kind,
+                        " model trains on a token file: add a [data] table with path = \"...\" (README, \"The job file\")"));
   with("optimizer", [&](TomlReader& r) { load_optimizer(r, spec.optimizer); });
-  with("checkpoint", [&](TomlReader& r) { load_checkpoint(r, spec.checkpoint); });
+  with("checkpoint", [&](TomlReader& r) { load_checkpoint(r, spec.checkpoint, ctx); });
   with("mesh", [&](TomlReader& r) { load_mesh(r, spec.mesh); });
   with("cost", [&](TomlReader& r) { load_cost(r, spec.cost); });
   if (const toml::array* a = array_of_tables(top, "annotate")) load_annotations(*a, spec, ctx);

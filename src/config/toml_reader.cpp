@@ -8,8 +8,6 @@
 
 namespace piper {
 
-namespace {
-
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -21,8 +19,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
-
-}  // namespace
 
 std::string describe_node(const toml::node* n) {
   if (!n) return "nothing";

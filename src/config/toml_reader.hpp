@@ -51,6 +51,8 @@ class TomlReader {
   std::set<std::string> known_;
 };
 
+// Levenshtein distance, for "did you mean" suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
 // "integer -3", "string \"abc\"", "array of 2", ...
 std::string describe_node(const toml::node* n);
 // Location of an arbitrary node (file:line:col), or the --set that created it.

@@ -1,14 +1,15 @@
-// Token sources (memory-mapped files), the random and sequential samplers, and the synthetic MLP task.
+// Token sources (files read with pread, their size checked before each batch), the random and sequential
+// samplers, and the synthetic MLP task.
 #include "data/data.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -101,43 +102,129 @@ int token_bytes_of(const DataConfig& cfg) {
   return 1;
 }
 
+FileIdentity file_identity(const std::string& path) {
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw UserError(cat("data.path: cannot open '", path, "': ", std::strerror(errno)));
+  errno = 0;
+  struct stat st {};
+  FileIdentity id;
+  std::vector<uint8_t> buf;
+  uint64_t h = 14695981039346656037ull;  // FNV-1a 64: offset basis
+  bool ok = fstat(fd, &st) == 0;
+  if (ok) {
+    id.bytes = int64_t(st.st_size);
+    const int64_t head = std::min(id.bytes, kMiB), tail_at = std::max<int64_t>(0, id.bytes - kMiB);
+    for (auto [at, n] : {std::pair<int64_t, int64_t>{0, head}, {tail_at, id.bytes - tail_at}}) {
+      buf.resize(size_t(n));
+      for (int64_t got = 0; ok && got < n;) {
+        ssize_t r = ::pread(fd, buf.data() + got, size_t(n - got), off_t(at + got));
+        ok = r > 0;
+        got += ok ? r : 0;
+      }
+      for (int64_t i = 0; ok && i < n; ++i) h = (h ^ buf[size_t(i)]) * 1099511628211ull;  // FNV prime
+    }
+  }
+  const int err = errno;
+  ::close(fd);
+  if (!ok) throw UserError(cat("data.path: cannot read '", path, "': ", err ? std::strerror(err) : "the file shrank"));
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  id.hash = cat("fnv1a64:", hex);
+  return id;
+}
+
 DataLoader::DataLoader(const DataConfig& cfg) : cfg_(cfg) {
   if (cfg_.kind != DataConfig::Kind::Tokens) return;
   width_ = token_bytes_of(cfg_);
-  int fd = ::open(cfg_.path.c_str(), O_RDONLY);
-  if (fd < 0) throw UserError(cat("data.path: cannot open '", cfg_.path, "': ", std::strerror(errno)));
+  fd_ = ::open(cfg_.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw UserError(cat("data.path: cannot open '", cfg_.path, "': ", std::strerror(errno)));
   struct stat st {};
-  fstat(fd, &st);
-  map_bytes_ = size_t(st.st_size);
-  if (map_bytes_ > 0) {
-    void* p = mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      throw SystemError(cat("data.path: mmap of '", cfg_.path, "' failed: ", std::strerror(errno)));
-    }
-    map_ = static_cast<const uint8_t*>(p);
+  if (fstat(fd_, &st) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw SystemError(cat("data.path: cannot stat '", cfg_.path, "': ", std::strerror(err)));
   }
-  ::close(fd);
-  n_tokens_ = int64_t(map_bytes_ / size_t(width_));  // a partial last token is ignored; validate_data rejects it
+  file_bytes_ = int64_t(st.st_size);
+  n_tokens_ = file_bytes_ / width_;  // a partial last token is ignored; validate_data rejects it
 }
 
 DataLoader::~DataLoader() {
-  if (map_) munmap(const_cast<uint8_t*>(map_), map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void DataLoader::changed() const {
+  struct stat st {};
+  const std::string now = fstat(fd_, &st) == 0 ? cat(int64_t(st.st_size), " bytes") : std::string("unknown");
+  throw DataFileChanged(cat("data.path: '", cfg_.path, "' changed during the run: it was ", file_bytes_,
+                            " bytes when the run started, now ", now, "; a data file must stay as it is while "
+                            "piper trains on it (write a new file and point data.path at it)"));
+}
+
+void DataLoader::check_unchanged() const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0 || int64_t(st.st_size) != file_bytes_) changed();
+}
+
+void DataLoader::read_bytes(int64_t at, int64_t n, uint8_t* dst) const {
+  for (int64_t got = 0; got < n;) {
+    ssize_t r = ::pread(fd_, dst + got, size_t(n - got), off_t(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw SystemError(cat("data.path: reading '", cfg_.path, "' failed: ", std::strerror(errno)));
+    if (r == 0) changed();  // the end of the file came before the end of its size at open: it shrank
+    got += r;
+  }
+}
+
+template <typename Fn>
+void DataLoader::scan(Fn&& fn) const {
+  constexpr int64_t kChunk = int64_t(4) << 20;  // a multiple of every token width
+  std::vector<uint8_t> buf(size_t(std::min(kChunk, file_bytes_)));
+  for (int64_t at = 0; at < file_bytes_; at += kChunk) {
+    const int64_t n = std::min(kChunk, file_bytes_ - at);
+    read_bytes(at, n, buf.data());
+    if (!fn(static_cast<const uint8_t*>(buf.data()), n, at)) return;
+  }
+}
+
+namespace {
+
+// out[t] = token t of the W-byte tokens at raw, for raw the last W·n bytes of out's 4·n: token t sits at
+// byte (4-W)·n + W·t, at or after out[t], and is read before out[t] is written, so going forward never
+// overwrites a token not yet read.
+template <int W>
+void widen(const uint8_t* raw, int n, int32_t* out) {
+  // Ids are below model.vocab (an int) once validate_data has passed, so they fit an int32.
+  for (int t = 0; t < n; ++t) out[t] = int32_t(load<W>(raw + W * t));
+}
+
+}  // namespace
+
+void DataLoader::read_tokens(int64_t pos, int n, int32_t* out) const {
+  uint8_t* raw = reinterpret_cast<uint8_t*>(out) + size_t(4 - width_) * size_t(n);
+  read_bytes(pos * width_, int64_t(n) * width_, raw);
+  if (width_ == 1) widen<1>(raw, n, out);
+  else if (width_ == 2) widen<2>(raw, n, out);
+  else widen<4>(raw, n, out);
 }
 
 std::pair<int64_t, int64_t> DataLoader::max_token() const {
   if (n_tokens_ == 0) return {-1, 0};
-  uint32_t m = width_ == 1 ? max_of<1>(map_, n_tokens_) : width_ == 2 ? max_of<2>(map_, n_tokens_)
-                                                                       : max_of<4>(map_, n_tokens_);
-  int64_t at = width_ == 1 ? first_at<1>(map_, n_tokens_, m) : width_ == 2 ? first_at<2>(map_, n_tokens_, m)
-                                                                            : first_at<4>(map_, n_tokens_, m);
+  const int w = width_;
+  uint32_t m = 0;
+  scan([&](const uint8_t* p, int64_t bytes, int64_t) {
+    const int64_t n = bytes / w;
+    m = std::max(m, w == 1 ? max_of<1>(p, n) : w == 2 ? max_of<2>(p, n) : max_of<4>(p, n));
+    return true;
+  });
+  int64_t at = -1;
+  scan([&](const uint8_t* p, int64_t bytes, int64_t offset) {
+    const int64_t n = bytes / w;
+    int64_t i = w == 1 ? first_at<1>(p, n, m) : w == 2 ? first_at<2>(p, n, m) : first_at<4>(p, n, m);
+    if (i >= 0) at = offset / w + i;
+    return i < 0;
+  });
   return {int64_t(m), at};
-}
-
-int32_t DataLoader::token(int64_t pos) const {
-  // Ids are below model.vocab (an int) once validate_data has passed, so they fit an int32.
-  const uint8_t* p = map_ + width_ * pos;
-  return int32_t(width_ == 1 ? load<1>(p) : width_ == 2 ? load<2>(p) : load<4>(p));
 }
 
 int64_t DataLoader::window_start(int64_t step, int index) const {
@@ -152,18 +239,14 @@ int64_t DataLoader::window_start(int64_t step, int index) const {
 
 void DataLoader::inputs(int64_t step, int first, int count, int32_t* out) const {
   const int T = cfg_.seq_len;
-  for (int i = 0; i < count; ++i) {
-    int64_t start = window_start(step, first + i);
-    for (int t = 0; t < T; ++t) out[int64_t(i) * T + t] = token(start + t);
-  }
+  check_unchanged();
+  for (int i = 0; i < count; ++i) read_tokens(window_start(step, first + i), T, out + int64_t(i) * T);
 }
 
 void DataLoader::targets(int64_t step, int first, int count, int32_t* out) const {
   const int T = cfg_.seq_len;
-  for (int i = 0; i < count; ++i) {
-    int64_t start = window_start(step, first + i) + 1;
-    for (int t = 0; t < T; ++t) out[int64_t(i) * T + t] = token(start + t);
-  }
+  check_unchanged();
+  for (int i = 0; i < count; ++i) read_tokens(window_start(step, first + i) + 1, T, out + int64_t(i) * T);
 }
 
 void DataLoader::features(int64_t step, int first, int count, float* out) const {
@@ -215,16 +298,21 @@ void validate_data(const DataConfig& cfg) {
     throw UserError(cat(file, " holds ", loader.num_tokens(), " tokens; model.seq_len = ", cfg.seq_len,
                         " needs at least ", cfg.seq_len + 2));
   if (w == 1) return;
-  const uint8_t* map = loader.map_;
   if (w == 2) {
     // uint32 ids below vocab have high halves of at most (vocab-1) >> 16: read as uint16, every second word is
     // that small (0 for vocab <= 65536) while the low halves are not. Real uint16 token data is never like that.
     const int64_t words = loader.num_tokens();
     const uint32_t high = cfg.vocab > 0 ? uint32_t(cfg.vocab - 1) >> 16 : 0;
-    if (words >= 16 && words % 2 == 0 && odd_words_at_most(map, words, high)) {
+    if (words >= 16 && words % 2 == 0) {
+      bool odd_small = true;
       uint32_t even_max = 0;
-      for (int64_t i = 0; i < words; i += 2) even_max = std::max(even_max, load<2>(map + 2 * i));
-      if (even_max > high)
+      loader.scan([&](const uint8_t* p, int64_t n, int64_t) {  // chunks start at even words
+        const int64_t chunk_words = n / 2;
+        if (!odd_words_at_most(p, chunk_words, high)) return odd_small = false;
+        for (int64_t i = 0; i < chunk_words; i += 2) even_max = std::max(even_max, load<2>(p + 2 * i));
+        return true;
+      });
+      if (odd_small && even_max > high)
         throw UserError(cat(file, " looks like little-endian uint32 token ids ", read_as(cfg, 2),
                             ": every second 16-bit word is ", high == 0 ? cat("0") : cat("at most ", high),
                             ", as the high halves of uint32 ids below model.vocab = ", cfg.vocab, " would be; ",
@@ -243,8 +331,13 @@ void validate_data(const DataConfig& cfg) {
       // uint16 tokens read in pairs as uint32 make ids of (second token) * 65536 + (first): nearly all of them
       // too large, while as uint16 every one would fit. A uint32 file with a few bad ids is not like that.
       int64_t too_large = 0;
-      for (int64_t i = 0; i < loader.num_tokens(); ++i) too_large += load<4>(map + 4 * i) >= uint32_t(cfg.vocab);
-      if (2 * too_large > loader.num_tokens() && int64_t(max_of<2>(map, bytes / 2)) < cfg.vocab)
+      uint32_t max16 = 0;
+      loader.scan([&](const uint8_t* p, int64_t n, int64_t) {
+        for (int64_t i = 0; i < n / 4; ++i) too_large += load<4>(p + 4 * i) >= uint32_t(cfg.vocab);
+        max16 = std::max(max16, max_of<2>(p, n / 2));
+        return true;
+      });
+      if (2 * too_large > loader.num_tokens() && int64_t(max16) < cfg.vocab)
         hint = cat("; ", too_large, " of its ", loader.num_tokens(), " ids are that large, but read as uint16 every "
                    "id would be below model.vocab: if it holds uint16 ids, ", to_read_as(cfg, 2));
       else

@@ -31,6 +31,15 @@ int token_bytes_of(const DataConfig& cfg);
 // reverse). Throws UserError naming data.path, the file and what would be right.
 void validate_data(const DataConfig& cfg);
 
+// What a checkpoint records of a token file, so that --resume can tell whether it is the same file: its
+// size and an FNV-1a 64 hash of its first and its last MiB (the whole file when shorter), as
+// "fnv1a64:" + 16 hex digits. Throws UserError naming data.path when the file cannot be read.
+struct FileIdentity {
+  int64_t bytes = 0;
+  std::string hash;
+};
+FileIdentity file_identity(const std::string& path);
+
 class DataLoader {
  public:
   explicit DataLoader(const DataConfig& cfg);
@@ -46,7 +55,7 @@ class DataLoader {
   void labels(int64_t step, int first, int count, int32_t* out) const;
 
   int64_t num_tokens() const { return n_tokens_; }
-  int64_t file_bytes() const { return int64_t(map_bytes_); }
+  int64_t file_bytes() const { return file_bytes_; }
   int token_bytes() const { return width_; }
   std::pair<int64_t, int64_t> max_token() const;  // largest token id and its first position; -1 if none
   // Start of sequence `index` of step `step` in the token stream.
@@ -54,10 +63,20 @@ class DataLoader {
 
  private:
   friend void validate_data(const DataConfig& cfg);
-  int32_t token(int64_t pos) const;
+  // The file is read with pread, never mapped: a file cut short under a running job is an error naming it
+  // (DataFileChanged), not a SIGBUS. Every batch first checks that the size is still the one it had at open.
+  void check_unchanged() const;
+  [[noreturn]] void changed() const;
+  void read_bytes(int64_t at, int64_t n, uint8_t* dst) const;
+  // Tokens [pos, pos + n) as int32, read into the tail of out's bytes and widened in place (no buffer).
+  void read_tokens(int64_t pos, int n, int32_t* out) const;
+  // Calls fn(bytes, count, offset) over the whole file in chunks whose offsets are multiples of 4 bytes;
+  // stops early when fn returns false.
+  template <typename Fn>
+  void scan(Fn&& fn) const;
   DataConfig cfg_;
-  const uint8_t* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  int fd_ = -1;
+  int64_t file_bytes_ = 0;
   int width_ = 1;
   int64_t n_tokens_ = 0;
 };

@@ -2,7 +2,12 @@
 // of its own (see README.md in this folder).
 #include "model/family.hpp"
 
+#include <algorithm>
+#include <charconv>
+#include <utility>
+
 #include "config/toml_reader.hpp"
+#include "util/error.hpp"
 
 namespace piper {
 
@@ -29,6 +34,90 @@ void read_decoder_keys(TomlReader& r, ModelSpec& m) {
   m.d_model = int(r.get_int("d_model", m.d_model, 1, 1 << 20));
   m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
   m.n_heads = int(r.get_int("n_heads", m.n_heads, 1, 1 << 16));
+}
+
+namespace {
+
+std::string text_of(int v) { return std::to_string(v); }
+std::string text_of(bool v) { return v ? "true" : "false"; }
+// Shortest text that reads back as the same double (1e-06, 10000, 0.001).
+std::string text_of(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, res.ptr);
+}
+
+// Every model key of every family and where ModelDims keeps it.
+struct KeyField {
+  const char* key;
+  std::string (*value)(const ModelDims&);
+};
+const KeyField kKeyFields[] = {
+    {"vocab", [](const ModelDims& d) { return text_of(d.vocab); }},
+    {"seq_len", [](const ModelDims& d) { return text_of(d.seq_len); }},
+    {"d_model", [](const ModelDims& d) { return text_of(d.d_model); }},
+    {"n_layers", [](const ModelDims& d) { return text_of(d.n_layers); }},
+    {"n_heads", [](const ModelDims& d) { return text_of(d.n_heads); }},
+    {"n_kv_heads", [](const ModelDims& d) { return text_of(d.n_kv_heads); }},
+    {"head_dim", [](const ModelDims& d) { return text_of(d.head_dim); }},
+    {"d_ff", [](const ModelDims& d) { return text_of(d.d_ff); }},
+    {"rope_theta", [](const ModelDims& d) { return text_of(d.rope_theta); }},
+    {"norm_eps", [](const ModelDims& d) { return text_of(d.norm_eps); }},
+    {"qk_norm", [](const ModelDims& d) { return text_of(d.qk_norm); }},
+    {"tie_embeddings", [](const ModelDims& d) { return text_of(d.tie_embeddings); }},
+    {"d_in", [](const ModelDims& d) { return text_of(d.d_in); }},
+    {"d_hidden", [](const ModelDims& d) { return text_of(d.d_hidden); }},
+    {"n_classes", [](const ModelDims& d) { return text_of(d.n_classes); }},
+    {"moe.experts", [](const ModelDims& d) { return text_of(d.moe_experts); }},
+    {"moe.top_k", [](const ModelDims& d) { return text_of(d.moe_top_k); }},
+    {"moe.d_expert", [](const ModelDims& d) { return text_of(d.moe_d_expert); }},
+    {"moe.every", [](const ModelDims& d) { return text_of(d.moe_every); }},
+    {"moe.norm_topk_prob", [](const ModelDims& d) { return text_of(d.moe_norm_topk_prob); }},
+    {"moe.aux_loss_coef", [](const ModelDims& d) { return text_of(d.moe_aux_loss_coef); }},
+    {"moe.capacity_factor", [](const ModelDims& d) { return text_of(d.moe_capacity_factor); }},
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> model_key_values(const ModelSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> out = {{"kind", spec.kind}};
+  const Family* f = find_family(spec.kind);
+  PIPER_CHECK(f, "unknown model.kind '", spec.kind, "'");
+  for (const std::string& key : f->keys) {
+    const KeyField* field = nullptr;
+    for (const KeyField& k : kKeyFields)
+      if (key == k.key) field = &k;
+    PIPER_CHECK(field, "model key '", key, "' of family ", f->kind, " has no entry in kKeyFields");
+    out.emplace_back(key, field->value(spec));
+  }
+  return out;
+}
+
+std::string model_keys_text(const ModelSpec& spec) {
+  std::string s;
+  for (const auto& [k, v] : model_key_values(spec)) s += cat(s.empty() ? "" : " ", k, "=", v);
+  return s;
+}
+
+std::vector<std::pair<std::string, std::string>> parse_model_keys_text(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(' ', at);
+    if (end == std::string::npos) end = text.size();
+    std::string word = text.substr(at, end - at);
+    if (size_t eq = word.find('='); eq != std::string::npos && eq > 0) out.emplace_back(word.substr(0, eq), word.substr(eq + 1));
+    at = end + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> all_model_keys() {
+  std::vector<std::string> keys = {"kind"};
+  for (const Family* f : families())
+    for (const std::string& k : f->keys)
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  return keys;
 }
 
 const SegmentType* find_segment_type(const std::string& name) {

@@ -129,12 +129,15 @@ struct Plan {
   std::string backend = "cpu";
   uint64_t seed = 0;
   int64_t steps = 0;
+  double watchdog_s = 0;  // job.watchdog_s; 0: no watchdog
   int64_t log_every = 1;
   bool skip_nonfinite = false;  // job.on_nonfinite = "skip"
   int64_t max_skipped = 5;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 0;
+  std::vector<std::string> allow_changes;  // checkpoint.allow_changes: what --resume accepts with a warning
+  std::string model_keys;                  // the model as "kind=gpt vocab=256 ..." (model_keys_text)
   int threads = 0;
   OptimizerConfig optimizer;
   DataConfig data;

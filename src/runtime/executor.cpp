@@ -31,8 +31,8 @@ void backoff(int& round) {
 
 }  // namespace
 
-Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
-    : plan_(plan), backend_(backend), k_(backend.kernels()), world_(world), store_(plan, backend) {
+Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* kernels)
+    : plan_(plan), backend_(backend), k_(kernels ? *kernels : backend.kernels()), world_(world), store_(plan, backend) {
   t0_ = now_seconds();
   if (plan_.scratch_buf >= 0) {
     // the largest backend scratch any segment of this plan needs
@@ -61,6 +61,7 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
     t.erase(std::unique(t.begin(), t.end()), t.end());
   }
   event_index_.assign(plan_.instrs.size(), -1);
+  flight_index_.assign(plan_.instrs.size(), 0);
   done_ = std::make_unique<std::atomic<int64_t>[]>(plan_.instrs.size());
   for (size_t i = 0; i < plan_.instrs.size(); ++i) done_[i].store(0);
 
@@ -73,12 +74,19 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world)
   for (size_t s = 0; s < streams_.size(); ++s) {
     streams_[s].id = int(s);
     streams_[s].ctx = backend_.make_stream(plan_.streams[s]);
+    streams_[s].flight = std::make_unique<FlightRecorder>();
   }
   for (size_t i = 0; i < plan_.instrs.size(); ++i) streams_[plan_.instrs[i].stream].instrs.push_back(int32_t(i));
   for (auto& s : streams_) s.thread = std::thread([this, &s] { stream_main(s); });
+  if (plan_.watchdog_s > 0) {
+    std::vector<const FlightRecorder*> recorders;
+    for (const auto& s : streams_) recorders.push_back(s.flight.get());
+    watchdog_ = std::make_unique<Watchdog>(plan_, std::move(recorders), world_, plan_.watchdog_s);
+  }
 }
 
 Executor::~Executor() {
+  watchdog_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_ = true;
@@ -165,11 +173,13 @@ StepMetrics Executor::run_step(int64_t step) {
     ++generation_;
     finished_ = 0;
   }
+  if (watchdog_) watchdog_->arm(step);
   cv_start_.notify_all();
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_done_.wait(lock, [&] { return finished_ == int(streams_.size()); });
   }
+  if (watchdog_) watchdog_->disarm();
   if (error_) std::rethrow_exception(error_);
   metrics_.lr = lr_;
   std::vector<TraceEvent> events;
@@ -232,9 +242,11 @@ void Executor::run_stream_step(Stream& s) {
   for (int32_t i : s.instrs) {
     const Instr& in = plan_.instrs[size_t(i)];
     for (int32_t j : in.waits) {
+      s.flight->waiting(i, j);
       wait_for(s, j);
       backend_.wait(s.ctx.get(), j);
     }
+    if (!in.waits.empty()) s.flight->waiting(-1, -1);
     if (abort_) throw Aborted{};
     for (int32_t b : touched_[size_t(i)]) store_.acquire(b);
     execute(s, i);
@@ -280,7 +292,9 @@ void Executor::poll(Stream& s) {
 void Executor::complete(Stream& s, int32_t i) {
   backend_.record(s.ctx.get(), i);
   for (int32_t b : touched_[size_t(i)]) store_.release_use(b);
-  s.events[size_t(event_index_[size_t(i)])].end = now_seconds() - t0_;
+  const double t = now_seconds();
+  s.events[size_t(event_index_[size_t(i)])].end = t - t0_;
+  s.flight->finish(flight_index_[size_t(i)], t);
   done_[size_t(i)].store(epoch_, std::memory_order_release);
   done_[size_t(i)].notify_all();
 }
@@ -288,7 +302,9 @@ void Executor::complete(Stream& s, int32_t i) {
 void Executor::execute(Stream& s, int32_t i) {
   const Instr& in = plan_.instrs[size_t(i)];
   event_index_[size_t(i)] = int32_t(s.events.size());
-  s.events.push_back({i, step_, now_seconds() - t0_, 0});
+  const double t = now_seconds();
+  s.events.push_back({i, step_, t - t0_, 0});
+  flight_index_[size_t(i)] = s.flight->start(i, step_, t);
   StreamContext* ctx = s.ctx.get();
   auto post = [&](std::unique_ptr<CommHandle> h) { s.pending.push_back({i, std::move(h)}); };
   switch (in.op) {
@@ -403,6 +419,7 @@ void Executor::run_compute(const Instr& in) {
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
   float* workspace = store_.f(plan_.workspace_buf);
   const ModelDims& d = plan_.dims;
+  k_.begin_region(seg.name.c_str());
   switch (in.op) {
     case Op::Forward:
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
@@ -432,6 +449,7 @@ void Executor::run_compute(const Instr& in) {
 
 void Executor::run_update(const Instr& in) {
   if (skip_update_) return;  // every rank saw the same non-finite sums: parameters and moments stay as they were
+  k_.begin_region("optimizer");
   const OptimizerConfig& o = plan_.optimizer;
   AdamWArgs args;
   args.lr = float(lr_);
@@ -457,6 +475,7 @@ void Executor::run_update(const Instr& in) {
 }
 
 void Executor::run_step_sync(const Instr& in) {
+  k_.begin_region("step sync");
   for (const auto& s : in.spans) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));

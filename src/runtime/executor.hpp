@@ -16,7 +16,9 @@
 #include "data/data.hpp"
 #include "plan/plan.hpp"
 #include "runtime/buffer_store.hpp"
+#include "runtime/flight_recorder.hpp"
 #include "runtime/timeline.hpp"
+#include "runtime/watchdog.hpp"
 
 namespace piper {
 
@@ -32,7 +34,8 @@ struct StepMetrics {
 
 class Executor {
  public:
-  Executor(const Plan& plan, Backend& backend, MPI_Comm world);
+  // `kernels`: the kernels to run segments with (a profiling wrapper); null = the backend's own.
+  Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* kernels = nullptr);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -70,6 +73,7 @@ class Executor {
     std::vector<Pending> pending;
     std::thread thread;
     std::vector<TraceEvent> events;
+    std::unique_ptr<FlightRecorder> flight;  // its last instructions, for the watchdog
   };
 
   void stream_main(Stream& s);
@@ -123,6 +127,8 @@ class Executor {
   double t0_ = 0;
   StepTimes last_times_;
   std::vector<int32_t> event_index_;  // instruction → its event in its stream's list this step
+  std::vector<uint64_t> flight_index_;  // instruction → its record in its stream's flight recorder
+  std::unique_ptr<Watchdog> watchdog_;  // when plan.watchdog_s > 0; armed while a step runs
 };
 
 }  // namespace piper

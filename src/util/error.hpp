@@ -21,6 +21,19 @@ class UserError : public std::runtime_error {
   explicit UserError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Bad input one rank finds by itself while the job runs: the other ranks cannot know, so the rank prints it
+// (with its number) and ends the whole job with exit code 2 (main.cpp).
+class RankUserError : public UserError {
+ public:
+  explicit RankUserError(const std::string& what) : UserError(what) {}
+};
+
+// The data file changed size under a running job.
+class DataFileChanged : public RankUserError {
+ public:
+  explicit DataFileChanged(const std::string& what) : RankUserError(what) {}
+};
+
 // A failure of the system or a library (I/O, MPI, HDF5): exit code 1.
 class SystemError : public std::runtime_error {
  public:

@@ -8,7 +8,8 @@ enum ExitCode : int {
   kExitOk = 0,          // the run finished
   kExitFailure = 1,     // a failure of the system or a library (I/O, MPI, CUDA), or replicas that diverged
   kExitBadInput = 2,    // bad input: command line, job file, data file, checkpoint, checkpoint folder in use
-  kExitNonFinite = 3,   // the loss or the gradient norm was not finite: no update was applied, nothing written
+  kExitNonFinite = 3,   // the loss or the gradient norm was not finite: no update was applied, nothing written;
+                        // or a tensor to checkpoint was not finite: that checkpoint was not written
   kExitStopped = 4,     // stopped by SIGTERM/SIGINT/SIGUSR1 after writing a checkpoint: resume with --resume auto
   kExitHung = 5,        // the watchdog saw a rank make no progress for job.watchdog_s seconds and ended the job
   // a second signal while stopping ends the rank at once with 128 + the signal's number

@@ -32,8 +32,8 @@ def main():
         files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(ck, "*")))
         if files != ["step_00000010.h5", "step_00000012.h5"]:
             fail(f"{label}: expected checkpoints step 10 and 12 after pruning, found {files}")
-        if glob.glob(os.path.join(ck, ".*")):
-            fail(f"{label}: temporary files left behind: {glob.glob(os.path.join(ck, '.*'))}")
+        if glob.glob(os.path.join(ck, ".*.tmp")):
+            fail(f"{label}: temporary files left behind: {glob.glob(os.path.join(ck, '.*.tmp'))}")
         run(ranks, cfg, "--resume", os.path.join(ck, "step_00000010.h5"), "--steps", "20",
             "--metrics", os.path.join(d, f"path{ranks}.jsonl"), *sets, "--set", f'checkpoint.dir="{ck}_path"')
         check_bitwise(f"{label} --resume PATH from step 10", full, metrics(os.path.join(d, f"path{ranks}.jsonl")))

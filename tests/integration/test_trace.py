@@ -1,6 +1,6 @@
 """--trace writes one Chrome-trace JSON for the whole job: a process per rank, a thread per stream, spans for
 F/B/BI/BW/UPDATE and every communication, and flow arrows pairing each SEND with its RECV; the run prints
-each rank's measured bubble next to the predicted one; tools/draw-schedule.py draws the trace as a PNG."""
+each rank's measured bubble next to the predicted one; tools/draw-schedule.py draws the trace as a PNG; --profile prints every rank's per-kernel breakdown."""
 import json
 import os
 import re
@@ -75,6 +75,19 @@ kind = "zb-h1"
     if r.returncode != 0 or open(png, "rb").read(8) != b"\x89PNG\r\n\x1a\n":
         fail(f"draw-schedule failed: {r.stdout}{r.stderr}")
     print(f"ok  draw-schedule: {r.stdout.strip()}")
+
+    # --profile: every rank's kernel, region and matmul-shape tables, after the warm-up step
+    p = run(2, write(d, "pp2.toml", tiny_gpt(steps=4, layers=4, batch=16)), "--profile", "--set", "mesh.pp=2")
+    for rank in (0, 1):
+        m = re.search(rf"profile rank {rank}: 3 steps, ([\d.]+) ms per step, ([\d.]+) ms of it in kernels", p.stdout)
+        if not m or not 0 < float(m.group(2)) <= float(m.group(1)) * 1.05:
+            fail(f"--profile: no plausible summary for rank {rank}:\n{p.stdout}")
+    shapes = re.findall(r"^  linear_\w+ +N=(\d+) +C=(\d+) +OC=(\d+) +[\d.]+ +[\d.]+ +[\d.]+% +([\d.]+)$", p.stdout, re.M)
+    regions = set(re.findall(r"^  (blocks\.\d|embedding|head) ", p.stdout, re.M))
+    if not shapes or any(float(g) <= 0 for *_, g in shapes) or regions != {"blocks.0", "blocks.1", "blocks.2",
+                                                                           "blocks.3", "embedding", "head"}:
+        fail(f"--profile: matmul shapes with GFLOP/s and every segment expected:\n{p.stdout}")
+    print(f"ok  --profile: both ranks' tables, {len(shapes)} matmul shape rows, regions {sorted(regions)}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,20 @@ TEST_CASE("a valid job loads with defaults and overrides", "[config]") {
   CHECK(s.text.find("# --set model.n_layers=3") != std::string::npos);
 }
 
+TEST_CASE("job.watchdog_s: 600 s by default, 0 turns it off, a negative or non-number is an error at its line",
+          "[config]") {
+  CHECK(load_job_text(kBase, "job.toml", {}).job.watchdog_s == 600);
+  CHECK(load_job_text(kBase, "job.toml", {"job.watchdog_s=0"}).job.watchdog_s == 0);
+  CHECK(load_job_text(kBase, "job.toml", {"job.watchdog_s=2.5"}).job.watchdog_s == 2.5);
+  std::string text = kBase;
+  text.replace(text.find("steps = 10\n"), 11, "steps = 10\nwatchdog_s = -1\n");
+  std::string e = error_of(text);
+  CHECK(e.find("job.toml:5:14: job.watchdog_s: expected a number >= 0 and <= 1e+09, found integer -1") !=
+        std::string::npos);
+  e = error_of(kBase, {"job.watchdog_s=\"long\""});
+  CHECK(e.find("job.watchdog_s: expected a number >= 0") != std::string::npos);
+}
+
 TEST_CASE("unknown keys are rejected with location and a suggestion", "[config]") {
   std::string e = error_of(std::string(kBase) + "\n[optimizer]\nlearning_rate = 0.1\n");
   CHECK(e.find("job.toml:17:1") != std::string::npos);

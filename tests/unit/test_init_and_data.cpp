@@ -560,3 +560,54 @@ TEST_CASE("synthetic features and labels are deterministic, sliceable and in ran
   for (int c : class_count) used += c > 0;
   CHECK(used >= 3);  // 1024 labels from a random linear teacher use most classes
 }
+
+TEST_CASE("a token file that changes size under a loader is an error naming it, not a crash", "[data]") {
+  const auto bytes = random_bytes(8000, 3);
+  TempFile file("shrinks.txt", bytes);
+  const int T = 16, B = 4;
+  DataLoader loader(token_config(file.path.string(), T, B, 5, false));
+  std::vector<int32_t> in(size_t(B) * T);
+  loader.inputs(0, 0, B, in.data());
+  auto message = [&](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const DataFileChanged& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::filesystem::resize_file(file.path, 100);  // every window now ends past the end of the file
+  std::string e = message([&] { loader.inputs(1, 0, B, in.data()); });
+  CHECK(has(e, "data.path: '" + file.path.string() + "' changed during the run"));
+  CHECK(has(e, "it was 8000 bytes when the run started, now 100 bytes"));
+  CHECK(has(message([&] { loader.targets(1, 0, B, in.data()); }), "now 100 bytes"));
+  std::filesystem::resize_file(file.path, 9000);  // grown: also a change
+  CHECK(has(message([&] { loader.inputs(1, 0, B, in.data()); }), "now 9000 bytes"));
+  std::filesystem::resize_file(file.path, 8000);  // the same size again: reads go on
+  CHECK(message([&] { loader.inputs(1, 0, B, in.data()); }) == "");
+}
+
+TEST_CASE("files larger than a read chunk are validated across chunk boundaries", "[data]") {
+  // 3 Mi uint16 tokens (6 MiB, two 4 MiB chunks): the largest id sits in the second chunk
+  const size_t n = size_t(3) << 20;
+  std::vector<uint32_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = uint32_t((i * 7919) % 1000);
+  const size_t at = (size_t(5) << 20) / 2 + 17;  // token index in the second chunk
+  ids[at] = 4242;
+  ids[at + 1000] = 4242;
+  TempFile file("big.u16.bin", le_bytes(ids, 2));
+  DataConfig cfg = token_config(file.path.string(), 32, 4, 1, false);
+  cfg.vocab = 5000;
+  DataLoader loader(cfg);
+  CHECK(loader.max_token() == std::pair<int64_t, int64_t>{4242, int64_t(at)});
+  CHECK(data_error(cfg) == "");
+  cfg.vocab = 4000;
+  CHECK(has(data_error(cfg), "holds token id 4242 at position " + std::to_string(at)));
+  // uint32 ids read as uint16: every odd word is 0 in both chunks
+  std::vector<uint32_t> wide(n / 2);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = uint32_t(1 + i % 3000);
+  TempFile u32("wide.u16.bin", le_bytes(wide, 4));
+  DataConfig wide_cfg = token_config(u32.path.string(), 32, 4, 1, false);
+  wide_cfg.vocab = 5000;
+  CHECK(has(data_error(wide_cfg), "looks like little-endian uint32 token ids"));
+}

@@ -71,7 +71,8 @@ Model build(const ModelSpec& s) {
 
 const Family& gpt2_family() {
   static const Family f{"gpt", true, read_keys, build,
-                        {&gpt2::embedding_type(), &gpt2::block_type(), &gpt2::head_type()}};
+                        {&gpt2::embedding_type(), &gpt2::block_type(), &gpt2::head_type()},
+                        {"vocab", "seq_len", "d_model", "n_layers", "n_heads", "d_ff"}};
   return f;
 }
 

@@ -144,7 +144,8 @@ Model build(const ModelSpec& s) {
 }  // namespace
 
 const Family& mlp_family() {
-  static const Family f{"mlp", false, read_keys, build, {&first_layer_type(), &layer_type(), &head_type()}};
+  static const Family f{"mlp", false, read_keys, build, {&first_layer_type(), &layer_type(), &head_type()},
+                        {"d_in", "d_hidden", "n_layers", "n_classes"}};
   return f;
 }
 

@@ -122,7 +122,10 @@ Model build(const ModelSpec& s) {
 const Family& qwen3_family() {
   static const Family f{"qwen3", true, read_keys, build,
                         {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(), &qwen3::moe_dispatch_type(),
-                         &qwen3::moe_experts_type(), &qwen3::moe_combine_type(), &qwen3::head_type()}};
+                         &qwen3::moe_experts_type(), &qwen3::moe_combine_type(), &qwen3::head_type()},
+                        {"vocab", "seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "rope_theta",
+                         "norm_eps", "qk_norm", "tie_embeddings", "moe.experts", "moe.top_k", "moe.d_expert", "moe.every",
+                         "moe.norm_topk_prob", "moe.aux_loss_coef", "moe.capacity_factor"}};
   return f;
 }
 

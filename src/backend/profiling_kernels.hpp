@@ -1,0 +1,111 @@
+// A Kernels decorator that times every kernel call by kind, by the region (model segment) it belongs to and,
+// for matmuls, by shape: the per-kernel breakdown `piper --profile` prints. Backend-agnostic.
+#pragma once
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "backend/kernels.hpp"
+
+namespace piper {
+
+struct KernelTotals {
+  int64_t calls = 0;
+  double seconds = 0;
+  double flops = 0;  // matmul FLOPs (2·N·C·OC per call); 0 for other kernels
+};
+
+// What a profile holds; keys are strings so that ranks can merge and print them alike.
+struct KernelProfile {
+  std::map<std::string, KernelTotals> by_kernel;                         // "linear_forward"
+  std::map<std::string, KernelTotals> by_region;                         // "model.layers.3.mlp"
+  std::map<std::string, KernelTotals> by_matmul_shape;                   // "linear_forward N=2048 C=256 OC=768"
+  double wall_seconds = 0;                                               // the steps it covers
+  int64_t steps = 0;
+};
+
+class ProfilingKernels : public Kernels {
+ public:
+  explicit ProfilingKernels(Kernels& inner) : k_(inner) {}
+
+  // Clears the totals (after a warm-up step).
+  void reset();
+  KernelProfile take(double wall_seconds, int64_t steps);
+
+  void begin_region(const char* name) override;
+
+  void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
+  void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
+                           int OC) override;
+  void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+                             bool accumulate) override;
+  void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+                              bool accumulate) override;
+  void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) override;
+  void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+                         int C) override;
+  void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
+                                const float* w, int N, int C, bool accumulate) override;
+  void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                 const float* rstd, int N, int C, bool accumulate) override;
+  void attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) override;
+  void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch, int B,
+                          int T, int C, int NH) override;
+  size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
+    return k_.attention_scratch_floats(B, T, C, NH);
+  }
+  void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
+                         int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
+                          bool accumulate_wte, bool accumulate_wpe) override;
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) override;
+  void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+                              int C, bool accumulate) override;
+  void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+                               bool accumulate) override;
+  void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) override;
+  void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
+                             int H, int KV, int D) override;
+  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
+                              const float* v, const float* y, const float* lse, float* scratch, int B, int T, int H,
+                              int KV, int D) override;
+  size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override {
+    return k_.gqa_attention_scratch_floats(B, T, H, KV, D);
+  }
+  void swiglu_forward(float* a, const float* g, const float* u, size_t n) override;
+  void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) override;
+  void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) override;
+  void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
+                                bool accumulate) override;
+  void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
+                            float scale) override;
+  void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
+                             float scale) override;
+  void add(float* y, const float* a, const float* b, size_t n) override;
+  void accumulate(float* y, const float* x, size_t n) override;
+  void fill(float* y, float value, size_t n) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void sum_squares(double* acc, const float* x, size_t n) override;
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;
+  void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) override;
+  void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+                    bool accumulate) override;
+  void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override { k_.upload(dst, host_src, bytes); }
+  void download(void* host_dst, const void* src, size_t bytes) override { k_.download(host_dst, src, bytes); }
+
+ private:
+  // Runs `f`, adds its time to the kernel's, the current region's and (for matmuls) the shape's totals.
+  template <typename F>
+  void timed(const char* kernel, F&& f, double flops = 0, const char* shape = nullptr);
+
+  Kernels& k_;
+  std::mutex mu_;
+  KernelProfile p_;
+};
+
+// The profile as text: kernels and regions by time with their share, matmul shapes with GFLOP/s.
+std::string format_profile(const KernelProfile& p, int rank);
+
+}  // namespace piper

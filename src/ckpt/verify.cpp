@@ -1,0 +1,152 @@
+// Checkpoint verification (see verify.hpp): reads every attribute and every dataset of one file and
+// reports the first thing that is wrong as a UserError naming the file.
+#include "ckpt/verify.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "ckpt/checksum.hpp"
+#include "ckpt/hdf5_util.hpp"
+
+namespace piper {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Link {
+  std::string path;
+  bool hard;
+};
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* out) {
+  static_cast<std::vector<Link>*>(out)->push_back({name, info->type == H5L_TYPE_HARD});
+  return 0;
+}
+
+// Reads a dataset in blocks of whole rows (about 1 Mi elements) as stored, hashing its bytes; a float32
+// dataset must hold finite values only.
+DatasetDigest read_dataset(hid_t file, const std::string& path) {
+  h5::Handle ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (ds.id < 0) throw UserError(cat("tensor '", path, "' cannot be opened"));
+  h5::Handle type(H5Dget_type(ds), H5Tclose), space(H5Dget_space(ds), H5Sclose);
+  int nd = space.id < 0 ? -1 : H5Sget_simple_extent_ndims(space);
+  if (type.id < 0 || nd < 0) throw UserError(cat("tensor '", path, "' has an unreadable type or shape"));
+  if (H5Tdetect_class(type, H5T_VLEN) > 0 || H5Tis_variable_str(type) > 0)
+    throw UserError(cat("dataset '", path, "' holds variable-length data; a checkpoint holds tensors only"));
+  DatasetDigest d;
+  d.path = path;
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  d.dims.assign(dims.begin(), dims.end());
+  d.element_size = H5Tget_size(type);
+  const bool f32 = H5Tequal(type, H5T_IEEE_F32LE) > 0;
+  const hsize_t rows = nd == 0 ? 1 : dims[0];
+  hsize_t row_elems = 1;
+  for (int i = 1; i < nd; ++i) row_elems *= dims[size_t(i)];
+  const hsize_t block = std::max<hsize_t>(1, (hsize_t(1) << 20) / std::max<hsize_t>(1, row_elems));
+  std::vector<unsigned char> buf;
+  Fnv1a64 h;
+  for (hsize_t r0 = 0; r0 < rows && row_elems > 0; r0 += block) {
+    const hsize_t n = std::min(block, rows - r0) * row_elems;
+    buf.resize(size_t(n * d.element_size));
+    herr_t rc;
+    if (nd == 0) {
+      rc = H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
+    } else {
+      std::vector<hsize_t> start(size_t(nd), 0), count = dims;
+      start[0] = r0;
+      count[0] = n / row_elems;
+      h5::Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      rc = H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+      if (rc >= 0) rc = H5Dread(ds, type, mem, space, H5P_DEFAULT, buf.data());
+    }
+    if (rc < 0) {
+      std::string why = h5::innermost_error();
+      throw UserError(cat("tensor '", path, "' cannot be read: its data is damaged (checksum mismatch) or the file is ",
+                          "truncated", why.empty() ? "" : cat(" [", why, "]")));
+    }
+    h.add(buf.data(), buf.size());
+    for (hsize_t i = 0; f32 && i < n; ++i) {
+      float v;
+      std::memcpy(&v, buf.data() + i * 4, 4);
+      if (!std::isfinite(v))
+        throw UserError(
+            cat("tensor '", path, "' holds a non-finite value (", v, " at element ", r0 * row_elems + i, ")"));
+    }
+  }
+  d.bytes_hash = h.value();
+  return d;
+}
+
+CheckpointInfo check_contents(hid_t file, const std::string& name) {
+  CheckpointInfo info;
+  std::string format;
+  if (!h5::read_attr_str(file, "format", format) || format != kCheckpointFormat)
+    throw UserError(cat("not a piper checkpoint (no attribute format = \"", kCheckpointFormat, "\")"));
+  if (!h5::read_attr_i64(file, "format_version", info.format_version))
+    throw UserError("has no attribute 'format_version'");
+  if (info.format_version < 1 || info.format_version > kCheckpointVersion)
+    throw UserError(cat("checkpoint format version ", info.format_version, "; this piper reads versions 1 to ",
+                        kCheckpointVersion));
+  if (!h5::read_attr_i64(file, "step", info.step)) throw UserError("has no attribute 'step'");
+  if (info.step < 0) throw UserError(cat("attribute 'step' is negative (", info.step, ")"));
+  if (name.size() > 8 && name.rfind("step_", 0) == 0 && name.substr(name.size() - 3) == ".h5") {
+    const std::string digits = name.substr(5, name.size() - 8);
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) || digits.size() > 18)
+      throw UserError(cat("file name '", name, "' is not step_<number>.h5"));
+    if (std::stoll(digits) != info.step)
+      throw UserError(cat("its name says step ", std::stoll(digits), " but its attribute 'step' is ", info.step,
+                          " (renamed, or damaged)"));
+  }
+  std::vector<Link> links;
+  if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_link, &links) < 0)
+    throw UserError("its groups cannot be listed (damaged file)");
+  std::vector<DatasetDigest> digests;
+  for (const Link& l : links) {
+    if (!l.hard) throw UserError(cat("'", l.path, "' is a link to elsewhere; a checkpoint holds its tensors itself"));
+    h5::Handle obj(H5Oopen(file, l.path.c_str(), H5P_DEFAULT), H5Oclose);
+    if (obj.id < 0) throw UserError(cat("object '", l.path, "' cannot be opened (damaged file)"));
+    if (H5Iget_type(obj) == H5I_DATASET) digests.push_back(read_dataset(file, l.path));
+  }
+  auto is_param = [](const DatasetDigest& d) { return d.path.rfind("params/", 0) == 0; };
+  if (!std::any_of(digests.begin(), digests.end(), is_param))
+    throw UserError("holds no tensor under /params");
+  if (info.format_version >= 2) {
+    std::string recorded;
+    if (!h5::read_attr_str(file, kChecksumAttribute, recorded))
+      throw UserError(cat("has no attribute '", kChecksumAttribute, "' (format version ", info.format_version,
+                          " has one)"));
+    const std::string actual = checksum_text(checkpoint_checksum(file, digests));
+    if (recorded != actual)
+      throw UserError(cat("checksum mismatch: the file records ", recorded, " but its contents give ", actual,
+                          " (the file was changed or damaged after it was written)"));
+    info.checksummed = true;
+  }
+  return info;
+}
+
+}  // namespace
+
+CheckpointInfo verify_checkpoint(const std::string& path, const std::string& name) {
+  h5::quiet();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UserError(cat(path, ": no checkpoint file (it does not exist)"));
+  if (!fs::is_regular_file(path, ec)) throw UserError(cat(path, ": not a regular file"));
+  h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file.id < 0) {
+    std::string why = h5::innermost_error();
+    throw UserError(cat(path, ": not a readable HDF5 file (not a checkpoint, or truncated)",
+                        why.empty() ? "" : cat(" [", why, "]")));
+  }
+  try {
+    return check_contents(file, name.empty() ? fs::path(path).filename().string() : name);
+  } catch (const UserError& e) {
+    throw UserError(cat(path, ": ", e.what()));
+  }
+}
+
+}  // namespace piper

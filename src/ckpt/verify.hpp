@@ -1,0 +1,25 @@
+// Checkpoint verification: everything a resume relies on (format, version, checksum, the file name's step,
+// every tensor readable and finite), checked on one file without a model; used by --resume.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace piper {
+
+constexpr const char* kCheckpointFormat = "piper-checkpoint";  // the `format` attribute
+constexpr int64_t kCheckpointVersion = 2;                      // written; 1 (before checksums) is still read
+
+struct CheckpointInfo {
+  int64_t step = 0;            // completed steps
+  int64_t format_version = 0;  // 1 (no checksum) or 2
+  bool checksummed = false;    // a `checksum` attribute was present and matched
+};
+
+// Reads the whole file. Throws UserError "PATH: what is wrong" when it is not a piper checkpoint of a
+// version this piper reads, its checksum does not match its contents, a tensor cannot be read (Fletcher32)
+// or holds a non-finite value, or its name is step_N.h5 with N other than its `step` attribute. `name` is
+// the file name to check against the step (default: the name in `path`; a temporary file is checked
+// against the name it will get); a name not of the form step_*.h5 is not checked.
+CheckpointInfo verify_checkpoint(const std::string& path, const std::string& name = "");
+
+}  // namespace piper
