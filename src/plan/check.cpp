@@ -50,6 +50,7 @@ class PlanCheck {
     require(p_.steps >= 0 && p_.log_every >= 1 && p_.max_skipped >= 0 && p_.checkpoint_every >= 0 &&
                 p_.checkpoint_keep >= 0 && p_.threads >= 0 && p_.threads <= 1024,
             "steps, log_every, max_skipped, checkpoint or threads out of range");
+    require(std::isfinite(p_.watchdog_s) && p_.watchdog_s >= 0 && p_.watchdog_s <= 1e9, "watchdog_s out of range");
     const OptimizerConfig& o = p_.optimizer;
     auto in = [](double x, double lo, double hi) { return std::isfinite(x) && x >= lo && x <= hi; };
     require(o.kind == "adamw" && in(o.lr, 0, 10) && o.lr > 0 && in(o.min_lr, 0, o.lr) && in(o.beta1, 0, 1) &&

@@ -233,7 +233,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.checkpoint_dir = r.get_string();
   p.checkpoint_every = r.get<int64_t>();
   p.checkpoint_keep = r.get<int32_t>();
-  const uint32_t n_allowed = r.get<uint32_t>();
+  const uint32_t n_allowed = r.get_count(4);
   for (uint32_t i = 0; i < n_allowed; ++i) p.allow_changes.push_back(r.get_string());
   p.model_keys = r.get_string();
   p.threads = r.get<int32_t>();

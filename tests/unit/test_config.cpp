@@ -179,7 +179,7 @@ TEST_CASE("qwen3 keys: defaults, derived head_dim and checked head counts", "[co
   CHECK(error_of("[model]\nkind = \"gpt\"\nn_kv_heads = 2\n" + data).find("model.n_kv_heads") != std::string::npos);
 }
 
-TEST_CASE("integers past int and array indices past unsigned long are errors, not wrapped or thrown", "[config]") {
+TEST_CASE("integers past int and array indices past unsigned long are errors and neither wrap nor throw", "[config]") {
   const std::string base = std::string(kBase) + "\n[[directive]]\nop = \"split\"\ncount = 2\n";
   // 2^32 and 2^32 + 1 would wrap to layers 0 and 1 as int
   std::string e = error_of(std::string(kBase) + "\n[[annotate]]\ntag = \"PP\"\nlayers = [[4294967296, 4294967297]]\n");
