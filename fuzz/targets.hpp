@@ -1,11 +1,16 @@
 // What each fuzz target does with one input, shared by the libFuzzer entry points (fuzz_*.cpp) and the
 // unit test that replays saved failing inputs (tests/unit/test_fuzz_regressions.cpp).
 #pragma once
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "ckpt/verify.hpp"
 #include "compile/compile.hpp"
 #include "config/load.hpp"
 #include "plan/plan.hpp"
@@ -49,6 +54,26 @@ inline void plan(const uint8_t* data, size_t size) {
   (void)plan_to_text(body);
   const std::vector<uint8_t> again = serialize_plan(body);
   (void)deserialize_plan(again.data(), again.size());
+}
+
+// The checkpoint check: any file ends in a CheckpointInfo or a UserError that names it. The bytes go to a
+// file of this process in $TMPDIR (or /dev/shm, or /tmp), which verify_checkpoint reads.
+inline void ckpt(const uint8_t* data, size_t size) {
+  static const std::string path = [] {
+    const char* dir = std::getenv("TMPDIR");
+    std::string d = dir && *dir ? dir : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+    return d + "/piper-fuzz-ckpt-" + std::to_string(getpid()) + ".h5";
+  }();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw SystemError("cannot write " + path);
+  const bool written = std::fwrite(data, 1, size, f) == size;
+  if (std::fclose(f) != 0 || !written) throw SystemError("cannot write " + path);
+  try {
+    CheckpointInfo info = verify_checkpoint(path);
+    (void)info;
+  } catch (const UserError&) {
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace piper::fuzz

@@ -38,3 +38,7 @@ TEST_CASE("job files a fuzz run once failed on end in a JobSpec or a UserError",
 TEST_CASE("plan bytes a fuzz run once failed on end in a checked Plan or a SystemError", "[fuzz]") {
   replay("plan", piper::fuzz::plan);
 }
+
+TEST_CASE("checkpoint files a fuzz run once failed on end in a CheckpointInfo or a UserError", "[fuzz]") {
+  replay("ckpt", piper::fuzz::ckpt);
+}
