@@ -11,7 +11,9 @@
 #include <fstream>
 #include <set>
 
+#include "compile/compile.hpp"
 #include "config/job.hpp"
+#include "config/load.hpp"
 #include "data/data.hpp"
 #include "model/build.hpp"
 #include "plan/plan.hpp"
@@ -494,14 +496,24 @@ TEST_CASE("an id not below the vocabulary in a uint32 file is rejected with its 
 }
 
 TEST_CASE("the plan carries the data token width to every rank", "[data]") {
-  Plan p;
+  // a compiled plan (deserialize_plan checks what it reads): tokens of a GPT job, classes of an MLP job
+  auto body = [](const std::string& text) {
+    JobSpec spec = load_job_text(text, "job.toml");
+    CompileResult r;
+    compile_job(spec, 1, r);
+    return r.bodies[0];
+  };
+  Plan p = body("[model]\nkind = \"gpt\"\nvocab = 64\nseq_len = 8\nd_model = 16\nn_layers = 1\nn_heads = 2\n"
+                "[data]\npath = \"" + test::scratch_data_file() + "\"\nbatch = 2\n");
   p.data.path = "t.u32.bin";
   p.data.token_bytes = 4;
-  p.data.n_classes = 3;
-  const auto bytes = serialize_plan(p);
+  auto bytes = serialize_plan(p);
   Plan q = deserialize_plan(bytes.data(), bytes.size());
   CHECK(q.data.path == "t.u32.bin");
   CHECK(q.data.token_bytes == 4);
+  p = body("[model]\nkind = \"mlp\"\nd_in = 4\nd_hidden = 8\nn_layers = 1\nn_classes = 3\n[data]\nbatch = 2\n");
+  bytes = serialize_plan(p);
+  q = deserialize_plan(bytes.data(), bytes.size());
   CHECK(q.data.n_classes == 3);
 }
 
