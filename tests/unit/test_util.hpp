@@ -211,7 +211,8 @@ Closeness closeness(const std::vector<TG>& got, const std::vector<TR>& ref, doub
 
 template <typename T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  // memcmp of an empty vector's null data() is undefined (UBSan reports it), even for 0 bytes
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // ---- finite differences ----
