@@ -6,15 +6,21 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import time
 
 from common import PIPER, fail, metrics, run, tempdir, tiny_gpt, write
 
-# lr 10 without clipping diverges to a NaN gradient norm (deterministically: step 275 on one process)
+# lr 10 without clipping diverges to a NaN gradient norm (step 275 on one process; 195 in an ASan+UBSan build,
+# whose rounding differs); after a skipped update the next steps can be finite again.
 DIVERGE = ["--set", "optimizer.lr=10", "--set", "optimizer.grad_clip=0", "--set", "optimizer.warmup_steps=0",
            "--set", "optimizer.beta2=0.5"]
+# With a vanishing AdamW eps as well it diverges for good between the first checkpoint (step 50) and step 300
+# on one process and on two in either build (steps 113 and 73; 104 and 108 under ASan+UBSan); without it two
+# ranks of the ASan+UBSan build were still finite at step 300.
+DIVERGE_FOR_GOOD = DIVERGE + ["--set", "optimizer.eps=1e-30"]
 
 
 def json_lines(path):
@@ -41,7 +47,7 @@ def check_nonfinite_stop(d):
         for f in glob.glob(os.path.join(ck, "*.h5")):
             os.remove(f)
         mpath = os.path.join(d, f"nf{ranks}.jsonl")
-        p = run(ranks, cfg, "--metrics", mpath, *DIVERGE, *sets, check=False)
+        p = run(ranks, cfg, "--metrics", mpath, *DIVERGE_FOR_GOOD, *sets, check=False)
         if p.returncode != 3:
             fail(f"non-finite loss on {ranks} rank(s): exit {p.returncode}, expected 3\n{p.stdout[-2000:]}\n{p.stderr}")
         if "not finite" not in p.stderr or "no checkpoint written" not in p.stderr:
@@ -69,15 +75,21 @@ def check_nonfinite_skip(d):
     cfg = write(d, "skip.toml", tiny_gpt(name="skip", steps=300, layers=2, batch=4) +
                 f'\n[checkpoint]\ndir = "{ck}"\nevery = 1\nkeep = 3\n')
     mpath = os.path.join(d, "skip.jsonl")
-    p = run(1, cfg, "--metrics", mpath, *DIVERGE, "--set", 'job.on_nonfinite="skip"', "--set", "job.max_skipped=3",
-            check=False)
-    lines = json_lines(mpath)
-    skipped = [m["step"] for m in lines if m.get("skipped")]
-    if not skipped:
-        fail(f"on_nonfinite = skip: no step was marked skipped (exit {p.returncode})")
-    after = [m for m in lines if m["step"] > skipped[0] and not m.get("skipped")]
-    if not after:
-        fail(f"on_nonfinite = skip: training did not go on after the skipped step {skipped[0]}")
+    # Whether the steps after a non-finite one are finite again is chaotic and differs between builds: the
+    # first recipe whose divergence passes is checked (the first here; the second under ASan+UBSan).
+    tried = []
+    for recipe in (DIVERGE, DIVERGE + ["--set", "optimizer.eps=1e-12"]):
+        shutil.rmtree(ck, ignore_errors=True)
+        p = run(1, cfg, "--metrics", mpath, *recipe, "--set", 'job.on_nonfinite="skip"', "--set", "job.max_skipped=3",
+                check=False)
+        lines = json_lines(mpath)
+        skipped = [m["step"] for m in lines if m.get("skipped")]
+        after = [m for m in lines if skipped and m["step"] > skipped[0] and not m.get("skipped")]
+        tried.append(f"{' '.join(recipe)}: exit {p.returncode}, skipped {skipped[:8]}")
+        if skipped and after:
+            break
+    else:
+        fail("on_nonfinite = skip: no recipe gave a skipped step after which training went on:\n" + "\n".join(tried))
     if p.returncode != 3 or "3 steps in a row" not in p.stderr:
         fail(f"on_nonfinite = skip, max_skipped = 3: exit {p.returncode}, expected 3 after three in a row\n{p.stderr}")
     # the last two checkpoints follow skipped steps: parameters and moments must be unchanged
