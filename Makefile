@@ -1,15 +1,16 @@
 # Piper: thin wrapper over CMake. `make run` trains the quickstart job; `make test` runs every test;
-# `make fuzz` runs the libFuzzer targets (clang).
+# `make sanitize` runs them under ASan+UBSan, `make fuzz` runs the libFuzzer targets (clang).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NP ?= 1
+SANITIZE_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_TIME ?= 60
 FUZZ_DEPS = clang-14 libclang-rt-14-dev libomp-14-dev
 FUZZ_TARGETS = $(basename $(notdir $(wildcard fuzz/fuzz_*.cpp)))
 
-.PHONY: all deps configure build run test fuzz bench data clean bundle bundle-check
+.PHONY: all deps configure build run test sanitize fuzz bench data clean bundle bundle-check
 
 all: build
 
@@ -31,6 +32,12 @@ run: build data
 test: build data
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# ASan+UBSan build of piper and the unit tests (CUDA off), then every test but the Slurm one under it.
+sanitize: deps data
+	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPER_SANITIZE=ON -DPIPER_CUDA=OFF >/dev/null
+	@cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target piper piper_tests
+	@tools/sanitize-test.sh $(SANITIZE_BUILD) $(JOBS)
+
 # libFuzzer targets (clang-14, ASan+UBSan), each run FUZZ_TIME seconds from fuzz/corpus.
 fuzz: data
 	@tools/install-deps.sh $(FUZZ_DEPS)
@@ -49,4 +56,4 @@ bundle-check: bundle
 	@tools/gpu-bundle-check.sh
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(SANITIZE_BUILD) $(FUZZ_BUILD)
