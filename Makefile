@@ -1,10 +1,15 @@
-# Piper: thin wrapper over CMake. `make run` trains the quickstart job; `make test` runs every test.
+# Piper: thin wrapper over CMake. `make run` trains the quickstart job; `make test` runs every test;
+# `make fuzz` runs the libFuzzer targets (clang).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NP ?= 1
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME ?= 60
+FUZZ_DEPS = clang-14 libclang-rt-14-dev libomp-14-dev
+FUZZ_TARGETS = $(basename $(notdir $(wildcard fuzz/fuzz_*.cpp)))
 
-.PHONY: all deps configure build run test bench data clean bundle bundle-check
+.PHONY: all deps configure build run test fuzz bench data clean bundle bundle-check
 
 all: build
 
@@ -26,6 +31,14 @@ run: build data
 test: build data
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# libFuzzer targets (clang-14, ASan+UBSan), each run FUZZ_TIME seconds from fuzz/corpus.
+fuzz: data
+	@tools/install-deps.sh $(FUZZ_DEPS)
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
+	  -DCMAKE_CXX_COMPILER=clang++-14 -DPIPER_FUZZ=ON -DPIPER_CUDA=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
+	@tools/fuzz.sh $(FUZZ_BUILD) $(FUZZ_TIME)
+
 bench: build data
 	@bench/run-all.sh $(BUILD)
 
@@ -36,4 +49,4 @@ bundle-check: bundle
 	@tools/gpu-bundle-check.sh
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -57,7 +57,7 @@ std::string directive_text(const Directive& d, bool full) {
 }
 
 void write_file(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream out(p);
+  std::ofstream out(p, std::ios::binary);
   out << text;
   if (!out) throw SystemError(cat("cannot write ", p.string()));
 }
@@ -127,7 +127,9 @@ int dry_run(const CliOptions& opts, int world_size) {
   uint64_t total_bytes = 0;  // rank 0 sends each body once; the set broadcasts it
   for (size_t s = 0; s < result.bodies.size(); ++s) {
     const Plan& p = result.bodies[s];
-    size_t bytes = serialize_plan(p).size();
+    const std::vector<uint8_t> body = serialize_plan(p);
+    deserialize_plan(body.data(), body.size());  // what each rank reads must pass the plan check
+    size_t bytes = body.size();
     total_bytes += bytes;
     std::printf("%5zu %8zu %13zu %12zu %14.2f  ", s, p.sets[s].size(), p.instrs.size(), bytes,
                 double(p.memory.peak_total) / 1048576.0);
@@ -153,9 +155,11 @@ int dry_run(const CliOptions& opts, int world_size) {
     for (size_t s = 0; s < result.bodies.size(); ++s) {
       Plan bound = bind_plan(result.bodies[s], result.bodies[s].sets[s][0]);
       write_file(dir / cat("plan_set", s, ".txt"), plan_to_text(bound));
+      const std::vector<uint8_t> bytes = serialize_plan(result.bodies[s]);  // as rank 0 sends it
+      write_file(dir / cat("plan_set", s, ".bin"), std::string(bytes.begin(), bytes.end()));
     }
     write_file(dir / "timeline.json", predicted_timeline_json(result));
-    std::printf("wrote graph.txt, graph.dot, directives.txt, timeline.json (predicted) and %zu plan files to %s\n",
+    std::printf("wrote graph.txt, graph.dot, directives.txt, timeline.json (predicted) and %zu plans (text and binary) to %s\n",
                 result.bodies.size(), dir.string().c_str());
   }
   return 0;

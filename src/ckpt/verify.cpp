@@ -27,8 +27,14 @@ herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* out) 
   return 0;
 }
 
-// Reads a dataset in blocks of whole rows (about 1 Mi elements) as stored, hashing its bytes; a float32
-// dataset must hold finite values only.
+std::string shape_text(const std::vector<hsize_t>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += cat(i ? ", " : "", dims[i]);
+  return s + ")";
+}
+
+// Reads a dataset in blocks of whole rows (about 1 Mi elements) as stored, hashing its bytes: it must be
+// float32, stored whole, and hold finite values only.
 DatasetDigest read_dataset(hid_t file, const std::string& path) {
   h5::Handle ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (ds.id < 0) throw UserError(cat("tensor '", path, "' cannot be opened"));
@@ -44,6 +50,18 @@ DatasetDigest read_dataset(hid_t file, const std::string& path) {
   d.dims.assign(dims.begin(), dims.end());
   d.element_size = H5Tget_size(type);
   const bool f32 = H5Tequal(type, H5T_IEEE_F32LE) > 0;
+  if (!f32) throw UserError(cat("tensor '", path, "' is not float32 little-endian; a checkpoint holds only those"));
+  // piper writes every element: a shape that claims more than is stored (or than the whole file) would be read
+  // as fill values, for as long as the shape says. Counted in 128 bits, so that no product of dimensions wraps.
+  hsize_t file_bytes = 0;
+  H5Fget_filesize(file, &file_bytes);
+  const hsize_t stored = H5Dget_storage_size(ds);
+  const unsigned __int128 cap = (unsigned __int128)1 << 100;
+  unsigned __int128 elems = 1;
+  for (hsize_t n : dims) elems = (n != 0 && elems > cap / n) ? cap : elems * n;
+  if (elems * 4 > std::min(stored, file_bytes))
+    throw UserError(cat("tensor '", path, "' has a shape of ", shape_text(dims), " but only ", stored,
+                        " bytes of it are stored (a damaged shape, or parts never written)"));
   const hsize_t rows = nd == 0 ? 1 : dims[0];
   hsize_t row_elems = 1;
   for (int i = 1; i < nd; ++i) row_elems *= dims[size_t(i)];
@@ -70,7 +88,7 @@ DatasetDigest read_dataset(hid_t file, const std::string& path) {
                           "truncated", why.empty() ? "" : cat(" [", why, "]")));
     }
     h.add(buf.data(), buf.size());
-    for (hsize_t i = 0; f32 && i < n; ++i) {
+    for (hsize_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, buf.data() + i * 4, 4);
       if (!std::isfinite(v))

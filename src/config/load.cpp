@@ -25,7 +25,13 @@ std::vector<std::string> split_dots(const std::string& s) {
   return parts;
 }
 
-bool is_index(const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; }
+// An array index of a key path ("3"): digits only, at most 9 of them (no array is larger, and std::stoul
+// would throw past unsigned long); false otherwise.
+bool parse_index(const std::string& s, size_t& index) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  index = std::stoul(s);
+  return true;
+}
 
 // Applies one "--set a.b.c=value" to the parsed document. Value is TOML ("4", "\"x\"", "[1,2]"),
 // or a bare string when it does not parse as TOML.
@@ -51,10 +57,11 @@ std::string apply_override(toml::table& root, const std::string& arg) {
       if (!t->contains(parts[i])) t->insert(parts[i], toml::table{});
       cur = t->get(parts[i]);
     } else if (auto* a = cur->as_array()) {
-      if (!is_index(parts[i]) || std::stoul(parts[i]) >= a->size())
+      size_t index = 0;
+      if (!parse_index(parts[i], index) || index >= a->size())
         throw UserError(cat("--set ", arg, ": '", parts[i], "' is not an index of the ", a->size(),
                             "-element array before it"));
-      cur = a->get(std::stoul(parts[i]));
+      cur = a->get(index);
     } else {
       throw UserError(cat("--set ", arg, ": '", parts[i - 1], "' is not a table"));
     }
@@ -64,9 +71,10 @@ std::string apply_override(toml::table& root, const std::string& arg) {
   if (auto* t = cur->as_table()) {
     t->insert_or_assign(last, std::move(*v));
   } else if (auto* a = cur->as_array()) {
-    if (!is_index(last) || std::stoul(last) >= a->size())
+    size_t index = 0;
+    if (!parse_index(last, index) || index >= a->size())
       throw UserError(cat("--set ", arg, ": '", last, "' is not an index of the array before it"));
-    a->replace(a->cbegin() + std::stoul(last), std::move(*v));
+    a->replace(a->cbegin() + long(index), std::move(*v));
   } else {
     throw UserError(cat("--set ", arg, ": the key before '", last, "' is not a table"));
   }
@@ -284,10 +292,12 @@ void load_annotations(const toml::array& arr, JobSpec& spec, const LoadContext& 
       };
       if (!ra || ra->size() != 2 || !ra->get(0)->as_integer() || !ra->get(1)->as_integer())
         bad(cat("expected a [first, last] pair of layer indices, found ", describe_node(rn)));
-      int lo = int(ra->get(0)->as_integer()->get()), hi = int(ra->get(1)->as_integer()->get());
-      if (lo > hi) bad(cat("first layer ", lo, " is after last layer ", hi));
-      if (lo < 0 || hi >= spec.model.n_layers)
-        bad(cat("layers [", lo, ", ", hi, "] outside the model's layers 0..", spec.model.n_layers - 1));
+      // compared as read (int64): a value past int must not wrap into range
+      const int64_t lo64 = ra->get(0)->as_integer()->get(), hi64 = ra->get(1)->as_integer()->get();
+      if (lo64 > hi64) bad(cat("first layer ", lo64, " is after last layer ", hi64));
+      if (lo64 < 0 || hi64 >= spec.model.n_layers)
+        bad(cat("layers [", lo64, ", ", hi64, "] outside the model's layers 0..", spec.model.n_layers - 1));
+      const int lo = int(lo64), hi = int(hi64);
       if (lo <= prev_last) bad(cat("range starts at layer ", lo, ", inside or before the previous range (ends at ", prev_last, ")"));
       prev_last = hi;
       a.layers.push_back({lo, hi});
@@ -333,7 +343,8 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       const toml::array* da = dev ? dev->as_array() : nullptr;
       if (!da || da->empty()) r.error("devices", "a non-empty array of rank numbers", dev);
       for (const auto& e : *da) {
-        if (!e.as_integer() || e.as_integer()->get() < 0) r.error("devices", "rank numbers >= 0", &e);
+        if (!e.as_integer() || e.as_integer()->get() < 0 || e.as_integer()->get() > INT32_MAX)
+          r.error("devices", "rank numbers >= 0 (and below 2^31)", &e);
         int rank = int(e.as_integer()->get());
         if (std::find(d.devices.begin(), d.devices.end(), rank) != d.devices.end())
           r.error_msg("devices", cat("rank ", rank, " appears twice"));

@@ -18,6 +18,7 @@ struct ParamSpec {
   InitKind init = InitKind::Zeros;
   float init_std = 0.f;
   bool decay = false;           // AdamW weight decay applies (matrices and embeddings only)
+  bool operator==(const ParamSpec&) const = default;
 };
 
 // Hyperparameters of every family in one plain struct (it travels in the plan as bytes); each family
@@ -35,6 +36,7 @@ struct ModelDims {
   // derived by the family's build
   int rows_per_sample = 1;  // rows one sample contributes to the activation matrices (T for sequences)
   int act_width = 0;        // width of the activation handed between segments
+  bool operator==(const ModelDims&) const = default;
 };
 
 struct Segment {

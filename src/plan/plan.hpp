@@ -177,7 +177,12 @@ void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<in
 
 // Serialization: body and job-wide part together; the binding separately so bodies are shared.
 std::vector<uint8_t> serialize_plan(const Plan& plan);
+// Reads a plan and checks it (check_plan); truncated, corrupt or inconsistent bytes are a SystemError.
 Plan deserialize_plan(const uint8_t* data, size_t size);
+// Throws SystemError naming the first thing of the plan out of range: an index (buffer, instruction,
+// group, stream, set, parameter, bucket, segment), a negative or inconsistent count, a buffer too small for
+// what reads or writes it, or a model that its own dimensions do not build.
+void check_plan(const Plan& plan);
 // "F blocks.3 mb2", "SEND act4.mb2 -> rank 1", ...: one instruction for people.
 std::string instr_label(const Plan& p, const Instr& in);
 // Human-readable dump.

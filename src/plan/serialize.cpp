@@ -2,6 +2,8 @@
 // as the machine stores it; a version mismatch or truncation is an error, never a guess.
 #include "plan/plan.hpp"
 
+#include <cstddef>
+
 #include "model/segment_type.hpp"
 #include "util/bytes.hpp"
 #include "util/error.hpp"
@@ -11,6 +13,10 @@ namespace piper {
 namespace {
 
 constexpr uint32_t kMagic = 0x50495052;  // "PIPR"
+// Bytes of an instruction with empty lists: op, stream and flags, 21 int32 fields, 4 list lengths,
+// loss_scale, 4 int64 fields, parts and the span count. A count of more than the bytes left can hold is
+// corrupt (checked before anything is reserved).
+constexpr size_t kInstrMinBytes = 3 + 21 * 4 + 4 * 8 + 4 + 4 * 8 + 4 + 4;
 
 void put_optimizer(ByteWriter& w, const OptimizerConfig& o) {
   w.put_string(o.kind);
@@ -99,7 +105,7 @@ Instr get_instr(ByteReader& r) {
   in.pbuf = r.get_vector<int32_t>();
   in.gbuf = r.get_vector<int32_t>();
   in.waits = r.get_vector<int32_t>();
-  uint32_t ns = r.get<uint32_t>();
+  uint32_t ns = r.get_count(21);
   for (uint32_t i = 0; i < ns; ++i) {
     Span s;
     s.buf = r.get<int32_t>();
@@ -227,14 +233,15 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.checkpoint_dir = r.get_string();
   p.checkpoint_every = r.get<int64_t>();
   p.checkpoint_keep = r.get<int32_t>();
-  const uint32_t n_allowed = r.get<uint32_t>();
+  const uint32_t n_allowed = r.get_count(4);
   for (uint32_t i = 0; i < n_allowed; ++i) p.allow_changes.push_back(r.get_string());
   p.model_keys = r.get_string();
   p.threads = r.get<int32_t>();
   p.optimizer = get_optimizer(r);
   p.data = get_data(r);
-  p.dims = r.get<ModelDims>();
-  uint32_t np = r.get<uint32_t>();
+  p.dims = r.get<ModelDims>({offsetof(ModelDims, qk_norm), offsetof(ModelDims, tie_embeddings),
+                              offsetof(ModelDims, moe_norm_topk_prob)});
+  uint32_t np = r.get_count(4 + 8 + 8 + 1 + 4 + 1);
   for (uint32_t i = 0; i < np; ++i) {
     ParamSpec ps;
     ps.name = r.get_string();
@@ -245,7 +252,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     ps.decay = r.get<uint8_t>() != 0;
     p.params.push_back(std::move(ps));
   }
-  uint32_t ns = r.get<uint32_t>();
+  uint32_t ns = r.get_count(4 + 4 + 4 + 8 + 8 + 4);
   for (uint32_t i = 0; i < ns; ++i) {
     Segment s;
     std::string type = r.get_string();
@@ -259,16 +266,16 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     p.segments.push_back(std::move(s));
   }
   p.world = r.get<int32_t>();
-  uint32_t nsets = r.get<uint32_t>();
+  uint32_t nsets = r.get_count(8);
   for (uint32_t i = 0; i < nsets; ++i) p.sets.push_back(r.get_vector<int32_t>());
-  uint32_t ng = r.get<uint32_t>();
+  uint32_t ng = r.get_count(1 + 8 + 4);
   for (uint32_t i = 0; i < ng; ++i) p.all_groups.push_back(get_group(r));
   p.microbatches = r.get<int32_t>();
   p.samples_per_replica = r.get<int32_t>();
   p.set = r.get<int32_t>();
-  uint32_t nstreams = r.get<uint32_t>();
+  uint32_t nstreams = r.get_count(4);
   for (uint32_t i = 0; i < nstreams; ++i) p.streams.push_back(r.get_string());
-  uint32_t nb = r.get<uint32_t>();
+  uint32_t nb = r.get_count(8 + 8 + 1 + 1 + 4 + 4);
   for (uint32_t i = 0; i < nb; ++i) {
     PlanBuffer b;
     b.bytes = r.get<uint64_t>();
@@ -279,12 +286,15 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     b.name = r.get_string();
     p.buffers.push_back(std::move(b));
   }
-  p.plan_params = r.get_vector<PlanParam>();
-  uint32_t nbk = r.get<uint32_t>();
-  for (uint32_t i = 0; i < nbk; ++i) p.buckets.push_back(r.get<PlanBucket>());
-  uint32_t ngr = r.get<uint32_t>();
+  p.plan_params = r.get_vector<PlanParam>({offsetof(PlanParam, home)});
+  uint32_t nbk = r.get_count(sizeof(PlanBucket));
+  for (uint32_t i = 0; i < nbk; ++i)
+    p.buckets.push_back(r.get<PlanBucket>({offsetof(PlanBucket, shard_params), offsetof(PlanBucket, shard_grads),
+                                           offsetof(PlanBucket, shard_optimizer), offsetof(PlanBucket, tied_copy),
+                                           offsetof(PlanBucket, owned_slices)}));
+  uint32_t ngr = r.get_count(1 + 8 + 4);
   for (uint32_t i = 0; i < ngr; ++i) p.groups.push_back(get_group(r));
-  uint32_t ni = r.get<uint32_t>();
+  uint32_t ni = r.get_count(kInstrMinBytes);
   p.instrs.reserve(ni);
   for (uint32_t i = 0; i < ni; ++i) p.instrs.push_back(get_instr(r));
   p.workspace_buf = r.get<int32_t>();
@@ -295,6 +305,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.rank = r.get<int32_t>();
   p.replica = r.get<int32_t>();
   if (!r.done()) throw SystemError("plan has trailing bytes");
+  check_plan(p);
   return p;
 }
 

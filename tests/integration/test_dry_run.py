@@ -1,5 +1,5 @@
 """--dry-run compiles and verifies without training: it prints each distinct plan's instruction count, plan
-bytes and estimated peak memory, --dump-plan writes the DAG (text, DOT) and the plans (text), and nothing
+bytes and estimated peak memory, --dump-plan writes the DAG (text, DOT) and the plans (text and binary), and nothing
 else is written (no metrics, no checkpoints). --help and --version exit 0."""
 import os
 import subprocess
@@ -26,10 +26,14 @@ def main():
     rows = [l for l in out.splitlines() if l.strip().startswith(("0 ", "1 ")) and len(l.split()) > 5]
     if len(rows) != 2:
         fail(f"expected one summary row per device set (2), got:\n{out}")
-    for name in ("graph.txt", "graph.dot", "directives.txt", "plan_set0.txt", "plan_set1.txt"):
+    for name in ("graph.txt", "graph.dot", "directives.txt", "plan_set0.txt", "plan_set1.txt", "plan_set0.bin",
+                 "plan_set1.bin"):
         path = os.path.join(dump, name)
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             fail(f"--dump-plan did not write {name}")
+    with open(os.path.join(dump, "plan_set1.bin"), "rb") as f:
+        if f.read(4) != b"RPIP":  # kMagic 0x50495052, little-endian
+            fail("plan_set1.bin does not start with the plan magic")
     plan = open(os.path.join(dump, "plan_set0.txt")).read()
     for needle in ("forward", "backward", "send", "recv", "all_reduce", "step_sync", "update", "buckets:"):
         if needle not in plan:

@@ -191,3 +191,29 @@ TEST_CASE("verify_checkpoint rejects non-finite values, a name with another step
   CHECK_THAT(verify_error(dir + "/missing.h5"), Catch::Contains("missing.h5: no checkpoint file"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a tensor that is not float32 or whose elements are not all stored is refused before it is read", "[checkpoint]") {
+  const std::string dir = temp_folder();
+  // params/never: a (1024, 1024) tensor never written, whose chunks are not stored (HDF5 would read fill values)
+  write_file(dir + "/unwritten.h5", FileSpec{});
+  change_file(dir + "/unwritten.h5", [](hid_t file) {
+    hsize_t dims[2] = {1024, 1024}, chunk[2] = {256, 1024};
+    h5::Handle space(H5Screate_simple(2, dims, nullptr), H5Sclose), dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_chunk(dcpl, 2, chunk);
+    h5::Handle ds(H5Dcreate2(file, "params/never", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
+    REQUIRE(ds.id >= 0);
+  });
+  CHECK_THAT(verify_error(dir + "/unwritten.h5"),
+             Catch::Contains("tensor 'params/never' has a shape of (1024, 1024) but only 0 bytes of it are stored"));
+  // an int64 dataset
+  write_file(dir + "/ints.h5", FileSpec{});
+  change_file(dir + "/ints.h5", [](hid_t file) {
+    hsize_t n = 3;
+    const int64_t v[3] = {1, 2, 3};
+    h5::Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    h5::Handle ds(H5Dcreate2(file, "params/ints", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    REQUIRE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+  });
+  CHECK_THAT(verify_error(dir + "/ints.h5"), Catch::Contains("tensor 'params/ints' is not float32 little-endian"));
+  fs::remove_all(dir);
+}

@@ -178,3 +178,18 @@ TEST_CASE("qwen3 keys: defaults, derived head_dim and checked head counts", "[co
   // a gpt key the qwen3 family does not read, and a qwen3 key gpt does not read, are unknown keys
   CHECK(error_of("[model]\nkind = \"gpt\"\nn_kv_heads = 2\n" + data).find("model.n_kv_heads") != std::string::npos);
 }
+
+TEST_CASE("integers past int and array indices past unsigned long are errors and neither wrap nor throw", "[config]") {
+  const std::string base = std::string(kBase) + "\n[[directive]]\nop = \"split\"\ncount = 2\n";
+  // 2^32 and 2^32 + 1 would wrap to layers 0 and 1 as int
+  std::string e = error_of(std::string(kBase) + "\n[[annotate]]\ntag = \"PP\"\nlayers = [[4294967296, 4294967297]]\n");
+  CHECK(e.find("layers [4294967296, 4294967297] outside the model's layers 0..1") != std::string::npos);
+  e = error_of(std::string(kBase) + "\n[[directive]]\nop = \"place\"\nfilter = { PP = 0 }\ndevices = [4294967296]\n");
+  CHECK(e.find("directive.0.devices: expected rank numbers >= 0 (and below 2^31), found integer 4294967296") !=
+        std::string::npos);
+  // an index of a --set key path too long for std::stoul (found by fuzz_job)
+  e = error_of(base, {"directive.99999999999999999999999.count=1"});
+  CHECK(e.find("'99999999999999999999999' is not an index of the 1-element array before it") != std::string::npos);
+  e = error_of(base, {"directive.0.filter=[1]", "directive.0.filter.99999999999999999999=2"});
+  CHECK(e.find("'99999999999999999999' is not an index of the array before it") != std::string::npos);
+}

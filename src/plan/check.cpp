@@ -1,0 +1,434 @@
+// The plan check (check_plan in plan.hpp): what a rank reads must be a plan the executor can run without
+// reading or writing outside a buffer — indices in range, counts consistent, the model its dimensions build.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "config/toml_reader.hpp"
+#include "model/family.hpp"
+#include "model/segment_type.hpp"
+#include "plan/plan.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+using u128 = unsigned __int128;
+
+class PlanCheck {
+ public:
+  explicit PlanCheck(const Plan& p) : p_(p) {}
+
+  void run() {
+    job_fields();
+    model();
+    layout();
+    buffers_and_buckets();
+    instructions();
+  }
+
+ private:
+  const Plan& p_;
+  std::string where_;   // the part being checked, for messages
+  int64_t replicas_ = 1;  // ranks of this plan's device set: the binding may pick any of them
+  std::vector<int32_t> slot_;  // model parameter → plan parameter, or -1
+
+  template <typename... Args>
+  void require(bool ok, const Args&... what) const {
+    if (!ok) throw SystemError(cat("corrupt plan: ", where_, where_.empty() ? "" : ": ", what...));
+  }
+  // An index into a table of n entries.
+  void index(int64_t i, size_t n, const char* what) const {
+    require(i >= 0 && uint64_t(i) < n, what, " ", i, " out of range (", n, " in the plan)");
+  }
+  bool in_range(int64_t i, size_t n) const { return i >= 0 && uint64_t(i) < n; }
+
+  // ---------------------------------------------------------------- job-wide fields
+  void job_fields() {
+    where_ = "job";
+    require(p_.steps >= 0 && p_.log_every >= 1 && p_.max_skipped >= 0 && p_.checkpoint_every >= 0 &&
+                p_.checkpoint_keep >= 0 && p_.threads >= 0 && p_.threads <= 1024,
+            "steps, log_every, max_skipped, checkpoint or threads out of range");
+    require(std::isfinite(p_.watchdog_s) && p_.watchdog_s >= 0 && p_.watchdog_s <= 1e9, "watchdog_s out of range");
+    const OptimizerConfig& o = p_.optimizer;
+    auto in = [](double x, double lo, double hi) { return std::isfinite(x) && x >= lo && x <= hi; };
+    require(o.kind == "adamw" && in(o.lr, 0, 10) && o.lr > 0 && in(o.min_lr, 0, o.lr) && in(o.beta1, 0, 1) &&
+                in(o.beta2, 0, 1) && in(o.eps, 0, 1) && o.eps > 0 && in(o.weight_decay, 0, 10) &&
+                in(o.grad_clip, 0, INFINITY) && o.warmup_steps >= 0 && o.decay_steps >= 0,
+            "optimizer settings out of range");
+    const DataConfig& d = p_.data;
+    require(d.kind == DataConfig::Kind::Tokens || d.kind == DataConfig::Kind::Synthetic, "unknown data kind");
+    require(d.batch >= 1 && (d.token_bytes == 0 || d.token_bytes == 1 || d.token_bytes == 2 || d.token_bytes == 4),
+            "data batch or token width out of range");
+    require(d.vocab == p_.dims.vocab && d.seq_len == p_.dims.seq_len && d.d_in == p_.dims.d_in &&
+                d.n_classes == p_.dims.n_classes,
+            "data settings differ from the model's");
+  }
+
+  // ---------------------------------------------------------------- model
+  // The parameters and segments must be exactly what the family builds from the plan's dimensions, and
+  // those dimensions what its job-file keys accept: the kernels size everything from the dimensions.
+  void model() {
+    where_ = "model";
+    require(!p_.segments.empty(), "no segments");
+    const Family* family = nullptr;
+    for (const Family* f : families())
+      if (std::find(f->segment_types.begin(), f->segment_types.end(), p_.segments[0].type) != f->segment_types.end())
+        family = f;
+    require(family != nullptr, "segment 0 has no segment type");
+    require((p_.data.kind == DataConfig::Kind::Tokens) == family->reads_tokens,
+            "data kind does not suit model family ", family->kind);
+    const ModelDims& d = p_.dims;
+    toml::table keys;
+    const std::pair<const char*, int> ints[] = {
+        {"vocab", d.vocab},   {"seq_len", d.seq_len},       {"d_model", d.d_model},   {"n_layers", d.n_layers},
+        {"n_heads", d.n_heads}, {"d_ff", d.d_ff},           {"n_kv_heads", d.n_kv_heads}, {"head_dim", d.head_dim},
+        {"d_in", d.d_in},     {"d_hidden", d.d_hidden},     {"n_classes", d.n_classes}};
+    for (const auto& [name, value] : ints) keys.insert(name, int64_t(value));
+    keys.insert("rope_theta", d.rope_theta);
+    keys.insert("norm_eps", d.norm_eps);
+    keys.insert("qk_norm", d.qk_norm);
+    keys.insert("tie_embeddings", d.tie_embeddings);
+    if (d.moe_experts != 0) {
+      toml::table moe;
+      moe.insert("experts", int64_t(d.moe_experts));
+      moe.insert("top_k", int64_t(d.moe_top_k));
+      moe.insert("d_expert", int64_t(d.moe_d_expert));
+      moe.insert("every", int64_t(d.moe_every));
+      moe.insert("norm_topk_prob", d.moe_norm_topk_prob);
+      moe.insert("aux_loss_coef", d.moe_aux_loss_coef);
+      moe.insert("capacity_factor", d.moe_capacity_factor);
+      keys.insert("moe", std::move(moe));
+    }
+    ModelSpec spec;
+    spec.kind = family->kind;
+    Model built;
+    try {
+      LoadContext ctx;
+      ctx.file = "plan";
+      TomlReader r(keys, "model", ctx);
+      family->read_keys(r, spec);
+      built = family->build(spec);
+    } catch (const UserError& e) {
+      require(false, "dimensions a job file could not have: ", e.what());
+    }
+    require(built.dims == d, "dimensions differ from what model.kind = \"", family->kind, "\" derives from them");
+    require(built.params == p_.params, "parameters differ from what the model's dimensions give");
+    require(built.segments.size() == p_.segments.size(), "segments differ from what the model's dimensions give");
+    for (size_t i = 0; i < p_.segments.size(); ++i) {
+      const Segment &a = p_.segments[i], &b = built.segments[i];
+      require(a.type == b.type && a.name == b.name && a.layer == b.layer && a.params == b.params &&
+                  a.fwd_flops_per_sample == b.fwd_flops_per_sample,
+              "segment ", i, " differs from what the model's dimensions give");
+      const int units = a.type->shard_units ? a.type->shard_units(d) : 1;
+      require(a.shards >= 1 && units % a.shards == 0, "segment ", i, " in ", a.shards, " shards of ", units, " units");
+    }
+  }
+
+  // ---------------------------------------------------------------- ranks, sets, groups, streams
+  int64_t group_size(const GroupRef& g) const {
+    switch (g.kind) {
+      case GroupRef::Kind::World: return p_.world;
+      case GroupRef::Kind::DeviceSet: return int64_t(p_.sets[size_t(g.sets[0])].size());
+      case GroupRef::Kind::AcrossSets: return int64_t(g.sets.size());
+    }
+    return 0;
+  }
+
+  void group(const GroupRef& g) {
+    switch (g.kind) {
+      case GroupRef::Kind::World: require(g.sets.empty(), "a world group names sets"); break;
+      case GroupRef::Kind::DeviceSet:
+        require(g.sets.size() == 1, "a device-set group names ", g.sets.size(), " sets");
+        index(g.sets[0], p_.sets.size(), "device set");
+        break;
+      case GroupRef::Kind::AcrossSets: {
+        require(!g.sets.empty(), "a group across sets names none");
+        std::set<int32_t> seen;
+        for (int32_t s : g.sets) {
+          index(s, p_.sets.size(), "device set");
+          require(seen.insert(s).second, "a group names device set ", s, " twice");
+          // one member per set, at the same replica index in each
+          require(p_.sets[size_t(s)].size() == p_.sets[size_t(g.sets[0])].size(),
+                  "a group across sets of different sizes");
+        }
+        break;
+      }
+      default: require(false, "unknown group kind ", int(g.kind));
+    }
+  }
+
+  bool has_this_set(const GroupRef& g) const {
+    if (g.kind == GroupRef::Kind::World) return true;
+    return std::find(g.sets.begin(), g.sets.end(), p_.set) != g.sets.end();
+  }
+
+  void layout() {
+    where_ = "layout";
+    require(p_.world >= 1 && p_.world <= (1 << 24), "world of ", p_.world, " ranks");
+    require(!p_.sets.empty(), "no device sets");
+    std::vector<uint8_t> seen(size_t(p_.world), 0);
+    for (size_t s = 0; s < p_.sets.size(); ++s) {
+      require(!p_.sets[s].empty(), "device set ", s, " is empty");
+      for (int32_t r : p_.sets[s]) {
+        index(r, size_t(p_.world), "rank");
+        require(!seen[size_t(r)], "rank ", r, " is in two device sets");
+        seen[size_t(r)] = 1;
+      }
+    }
+    index(p_.set, p_.sets.size(), "device set");
+    replicas_ = int64_t(p_.sets[size_t(p_.set)].size());
+    index(p_.rank, size_t(p_.world), "rank");
+    index(p_.replica, size_t(replicas_), "replica");
+    require(p_.microbatches >= 1 && p_.samples_per_replica >= 1, "microbatches or samples per replica below 1");
+    for (size_t i = 0; i < p_.all_groups.size(); ++i) {
+      where_ = cat("group ", i, " of the job");
+      group(p_.all_groups[i]);
+    }
+    for (size_t i = 0; i < p_.groups.size(); ++i) {
+      where_ = cat("group ", i);
+      group(p_.groups[i]);
+      require(has_this_set(p_.groups[i]), "a group this device set uses does not hold it");
+      require(std::find(p_.all_groups.begin(), p_.all_groups.end(), p_.groups[i]) != p_.all_groups.end(),
+              "a group missing from the job's groups");
+    }
+    where_ = "layout";
+    require(p_.streams.size() <= 256, p_.streams.size(), " streams");
+    require(p_.instrs.empty() || !p_.streams.empty(), "instructions but no stream");
+  }
+
+  // ---------------------------------------------------------------- buffers, buckets, parameters
+  // Buffer `b` holds floats [first + shard_of × max replica, ... + count) for every replica of the set.
+  void floats(int32_t b, int64_t first, int64_t count, bool per_replica, const char* role) const {
+    index(b, p_.buffers.size(), role);
+    require(first >= 0 && count >= 0, role, " range ", first, "+", count, " is negative");
+    const u128 end = u128(uint64_t(first)) + (per_replica ? u128(uint64_t(replicas_ - 1)) * uint64_t(count) : 0) +
+                     u128(uint64_t(count));
+    require(end * sizeof(float) <= p_.buffers[size_t(b)].bytes, role, " buffer ", b, " (",
+            p_.buffers[size_t(b)].bytes, " bytes) is too small for floats ", first, "+", count,
+            per_replica ? " per replica" : "");
+  }
+  void bytes(int32_t b, uint64_t need, const char* role) const {
+    index(b, p_.buffers.size(), role);
+    require(p_.buffers[size_t(b)].bytes >= need, role, " buffer ", b, " holds ", p_.buffers[size_t(b)].bytes,
+            " bytes, needs ", need);
+  }
+
+  void buffers_and_buckets() {
+    for (size_t i = 0; i < p_.buffers.size(); ++i) {
+      where_ = cat("buffer ", i);
+      require(int(p_.buffers[i].kind) < kBufferKinds, "unknown kind ", int(p_.buffers[i].kind));
+    }
+    where_ = "buffers";
+    if (p_.workspace_buf >= 0 || !p_.instrs.empty()) {
+      index(p_.workspace_buf, p_.buffers.size(), "workspace buffer");
+      require(p_.buffers[size_t(p_.workspace_buf)].persistent, "the workspace is not persistent");
+    }
+    if (p_.scratch_buf != -1) {
+      index(p_.scratch_buf, p_.buffers.size(), "scratch buffer");
+      require(p_.buffers[size_t(p_.scratch_buf)].persistent, "the scratch is not persistent");
+    }
+    for (size_t i = 0; i < p_.buckets.size(); ++i) {
+      where_ = cat("bucket ", i);
+      const PlanBucket& b = p_.buckets[i];
+      require(b.numel >= 0 && b.padded >= b.numel && b.group_size >= 1 && b.padded % b.group_size == 0 &&
+                  b.zero >= -1 && b.zero <= 3,
+              "sizes out of range");
+      require(b.group == -1 || in_range(b.group, p_.groups.size()), "group ", b.group, " out of range");
+      if (b.group >= 0) require(group_size(p_.groups[size_t(b.group)]) == b.group_size, "group size differs");
+      require(b.group_size == 1 || b.group_size == replicas_, "group of ", b.group_size, " in a set of ", replicas_);
+      const int64_t shard = b.padded / b.group_size;
+      floats(b.shard_params ? b.param_shard_buf : b.param_buf, 0, b.shard_params ? shard : b.padded, false,
+             "parameter");
+      floats(b.shard_grads ? b.grad_shard_buf : b.grad_buf, 0, b.shard_grads ? shard : b.padded, false, "gradient");
+      floats(b.m_buf, 0, b.shard_optimizer ? shard : b.padded, false, "first moment");
+      floats(b.v_buf, 0, b.shard_optimizer ? shard : b.padded, false, "second moment");
+    }
+    slot_.assign(p_.params.size(), -1);
+    for (size_t i = 0; i < p_.plan_params.size(); ++i) {
+      where_ = cat("plan parameter ", i);
+      const PlanParam& pp = p_.plan_params[i];
+      index(pp.model_param, p_.params.size(), "model parameter");
+      require(slot_[size_t(pp.model_param)] < 0, "model parameter ", pp.model_param, " placed twice");
+      slot_[size_t(pp.model_param)] = int32_t(i);
+      index(pp.bucket, p_.buckets.size(), "bucket");
+      const int64_t numel = p_.params[size_t(pp.model_param)].numel, padded = p_.buckets[size_t(pp.bucket)].padded;
+      require(pp.offset >= 0 && numel >= 0 && numel <= padded && pp.offset <= padded - numel,
+              "parameter range ", pp.offset, "+", numel, " outside its bucket of ", padded);
+    }
+  }
+
+  // ---------------------------------------------------------------- instructions
+  // A parameter (or its gradient) of segment parameter i read through buffer b at the bucket offset; with
+  // owned slices only the replica whose slice holds it has it, at the offset within the slice.
+  void param_range(int32_t b, const PlanParam& pp, const char* role) const {
+    const PlanBucket& pb = p_.buckets[size_t(pp.bucket)];
+    const int64_t numel = p_.params[size_t(pp.model_param)].numel;
+    if (!pb.owned_slices) return floats(b, pp.offset, numel, false, role);
+    const int64_t shard = pb.padded / pb.group_size;
+    if (shard == 0) return;
+    const int64_t r = pp.offset / shard;  // the one replica with 0 <= offset - r·shard < shard
+    if (r < replicas_) floats(b, pp.offset - r * shard, numel, false, role);
+  }
+
+  void compute(const Instr& in) {
+    index(in.segment, p_.segments.size(), "segment");
+    const Segment& seg = p_.segments[size_t(in.segment)];
+    const SegmentType& type = *seg.type;
+    const bool fwd = in.op == Op::Forward, bwd_input = in.op == Op::Backward || in.op == Op::BackwardInput;
+    const bool bwd_weight = in.op == Op::BackwardWeight;
+    const bool writes_grads = in.op == Op::Backward || bwd_weight;
+    require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
+            "samples ", in.sample_offset, "+", in.samples, " outside the replica's ", p_.samples_per_replica);
+    require(std::isfinite(in.loss_scale), "loss scale is not finite");
+    // The executor dereferences every buffer field set; those the instruction does not declare would
+    // escape its waits and use counts.
+    if (fwd) require(in.dout == -1 && in.din == -1, "a forward with gradient buffers");
+    if (!fwd) require(in.out == -1, "a backward with an output buffer");
+    if (bwd_weight) require(in.din == -1, "a weight backward with an input-gradient buffer");
+    const size_t np = seg.params.size();
+    require(in.pbuf.size() == np && in.gbuf.size() == np && (in.overwrite.empty() || in.overwrite.size() == np),
+            "parameter lists of ", in.pbuf.size(), ", ", in.gbuf.size(), " and ", in.overwrite.size(),
+            " entries for a segment of ", np);
+    for (size_t i = 0; i < np; ++i) {
+      const int32_t slot = slot_[size_t(seg.params[i])];
+      require(slot >= 0, "segment parameter ", i, " is not on this device set");
+      const PlanParam& pp = p_.plan_params[size_t(slot)];
+      if (bwd_weight) require(in.pbuf[i] == -1, "a weight backward reads parameters");
+      else param_range(in.pbuf[i], pp, "parameter");
+      if (writes_grads) param_range(in.gbuf[i], pp, "gradient");
+      else require(in.gbuf[i] == -1, "gradients written by an instruction that writes none");
+    }
+    // Sizes from the (checked) dimensions, for this instruction's samples.
+    require(int64_t(in.samples) * p_.dims.rows_per_sample <= INT32_MAX, in.samples, " samples are too many rows");
+    const SegmentSizes z = segment_sizes(seg, p_.dims, in.samples);
+    bytes(in.stash, z.stash_bytes, "stash");
+    if (fwd && type.data != DataSlot::None) {
+      const uint64_t n = uint64_t(in.samples);
+      const uint64_t data = type.data == DataSlot::Labels     ? n * 4
+                            : type.data == DataSlot::Features ? n * uint64_t(p_.dims.d_in) * 4
+                                                              : n * uint64_t(p_.dims.seq_len) * 4;
+      bytes(in.stash, data, "data stash");
+    }
+    if (type.reads_input) bytes(in.in, z.input_bytes, "input");
+    if (fwd && !type.computes_loss) bytes(in.out, z.out_bytes, "output");
+    if (!fwd && !type.computes_loss) bytes(in.dout, z.out_bytes, "output gradient");
+    if (bwd_input && type.reads_input) bytes(in.din, z.input_bytes, "input gradient");
+    if (in.op == Op::BackwardInput || bwd_weight) bytes(in.wstash, z.wstash_bytes, "weight stash");
+    if (type.link_offset != 0) {
+      const int64_t partner = int64_t(in.segment) + type.link_offset;
+      index(partner, p_.segments.size(), "linked segment");
+      bytes(in.link, segment_sizes(p_.segments[size_t(partner)], p_.dims, in.samples).stash_bytes, "linked stash");
+    }
+    bytes(p_.workspace_buf, z.workspace_bytes, "workspace");
+    if (type.scratch_floats) require(p_.scratch_buf >= 0, "a segment that needs the scratch, and no scratch buffer");
+  }
+
+  void collective_group(const Instr& in, int64_t& size) const {
+    index(in.group, p_.groups.size(), "group");
+    size = group_size(p_.groups[size_t(in.group)]);
+  }
+
+  // -1 (none) or an index into a table of n.
+  void optional(int64_t i, size_t n, const char* what) const {
+    if (i != -1) index(i, n, what);
+  }
+
+  void instruction(size_t i) {
+    const Instr& in = p_.instrs[i];
+    index(in.stream, p_.streams.size(), "stream");
+    // Every index field is none or in range, whatever the op reads (printers and traces read them all).
+    optional(in.segment, p_.segments.size(), "segment");
+    optional(in.bucket, p_.buckets.size(), "bucket");
+    optional(in.group, p_.groups.size(), "group");
+    optional(in.peer_set, p_.sets.size(), "peer device set");
+    for (int32_t b : {in.in, in.out, in.stash, in.wstash, in.dout, in.din, in.link, in.buf, in.src, in.tmp, in.m, in.v})
+      optional(b, p_.buffers.size(), "buffer");
+    for (const auto* list : {&in.pbuf, &in.gbuf})
+      for (int32_t b : *list) optional(b, p_.buffers.size(), "buffer");
+    for (int32_t j : in.waits) require(j >= 0 && size_t(j) < i, "waits for instruction ", j, ", not an earlier one");
+    require(in.offset >= 0 && in.src_offset >= 0 && in.count >= 0, "negative offset or count");
+    const bool buf_shard = in.flags & kFlagBufShard, src_shard = in.flags & kFlagSrcShard;
+    int64_t g = 1;
+    switch (in.op) {
+      case Op::Forward:
+      case Op::Backward:
+      case Op::BackwardInput:
+      case Op::BackwardWeight: compute(in); break;
+      case Op::Update:
+        index(in.bucket, p_.buckets.size(), "bucket");
+        floats(in.buf, in.offset, in.count, buf_shard, "parameter");
+        floats(in.src, in.src_offset, in.count, src_shard, "gradient");
+        floats(in.m, 0, in.count, false, "first moment");
+        floats(in.v, 0, in.count, false, "second moment");
+        break;
+      case Op::Send:
+      case Op::Recv:
+        index(in.peer_set, p_.sets.size(), "peer device set");
+        require(int64_t(p_.sets[size_t(in.peer_set)].size()) == replicas_, "a peer set of another size");
+        require(in.tag >= 0, "negative tag");
+        require(in.count <= INT32_MAX, "more than 2^31 floats in one message");
+        floats(in.buf, in.offset, in.count, false, "message");
+        break;
+      case Op::AllReduce:
+        collective_group(in, g);
+        require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
+        floats(in.buf, in.offset, in.count, buf_shard, "reduced");
+        break;
+      case Op::ReduceScatter:
+        collective_group(in, g);
+        require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
+        floats(in.src, in.src_offset, in.count * g, false, "reduce-scatter source");
+        if (in.tmp >= 0) floats(in.tmp, 0, in.count, false, "reduce-scatter scratch");
+        floats(in.buf, in.offset, in.count, buf_shard, "reduce-scatter destination");
+        break;
+      case Op::AllGather:
+        collective_group(in, g);
+        require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
+        floats(in.buf, in.offset, in.count * g, false, "gathered");
+        if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source");
+        break;
+      case Op::AllToAll:
+        collective_group(in, g);
+        require(in.parts >= g && in.parts % g == 0, in.parts, " parts over a group of ", g);
+        require(in.count <= INT32_MAX && in.rows >= 0, "row width or rows out of range");
+        bytes(in.src, uint64_t(in.parts) * 4, "exchange source");
+        bytes(in.buf, uint64_t(in.parts) * 4, "exchange destination");
+        break;
+      case Op::StepSync:
+        for (const Span& s : in.spans) floats(s.buf, s.offset, s.count, s.per_replica, "gradient norm");
+        break;
+      default: require(false, "unknown op ", int(in.op));
+    }
+  }
+
+  void instructions() {
+    std::vector<int64_t> uses(p_.buffers.size(), 0);
+    std::vector<int32_t> reads, writes;
+    for (size_t i = 0; i < p_.instrs.size(); ++i) {
+      where_ = cat("instruction ", i, " (", op_name(p_.instrs[i].op), ")");
+      instruction(i);
+      instr_accesses(p_.instrs[i], reads, writes);
+      std::vector<int32_t> all = reads;
+      all.insert(all.end(), writes.begin(), writes.end());
+      std::sort(all.begin(), all.end());
+      all.erase(std::unique(all.begin(), all.end()), all.end());
+      for (int32_t b : all) {
+        index(b, p_.buffers.size(), "buffer");
+        ++uses[size_t(b)];
+      }
+    }
+    // A transient buffer is freed after its `uses`-th use in a step: a wrong count frees it while in use.
+    for (size_t b = 0; b < p_.buffers.size(); ++b) {
+      where_ = cat("buffer ", b);
+      require(p_.buffers[b].uses == uses[b], "used by ", uses[b], " instructions, counted ", p_.buffers[b].uses);
+    }
+  }
+};
+
+}  // namespace
+
+void check_plan(const Plan& plan) { PlanCheck(plan).run(); }
+
+}  // namespace piper

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Writes the seeds of fuzz_plan (fuzz/corpus/plan/*.bin) from example jobs with a dry run's --dump-plan:
+# run it after a change of the plan format (kPlanVersion). Usage: tools/fuzz-plan-seeds.sh [PIPER]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+piper=${1:-build/piper}
+out=fuzz/corpus/plan
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+rm -f "$out"/*.bin
+mkdir -p "$out"
+# name  world  config  overrides...: small plans that together use every op, buffer role and group kind
+seed() {
+  local name=$1 world=$2 config=$3
+  shift 3
+  "$piper" --config "configs/$config.toml" --dry-run --world "$world" --dump-plan "$tmp/$name" "$@" >/dev/null
+  local n
+  n=$(ls "$tmp/$name"/plan_set*.bin | wc -l)
+  if [ "$n" -eq 1 ]; then
+    cp "$tmp/$name/plan_set0.bin" "$out/$name.bin"
+  else
+    for f in "$tmp/$name"/plan_set*.bin; do
+      local s
+      s=$(basename "$f" .bin)
+      cp "$f" "$out/$name-${s#plan_}.bin"
+    done
+  fi
+}
+seed mlp 1 mlp
+seed dp2 2 dp2
+seed qwen3-small 1 qwen3-small
+seed pp2-1f1b 2 pp2-1f1b
+seed moe-ep2-dp2 2 moe-ep2-dp2
+seed pp2-dp2-zero3 4 pp2-dp2 --set directive.3.zero=3 --set directive.0.count=2
+ls -l "$out"
