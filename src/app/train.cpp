@@ -87,7 +87,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
         ResumeChoice choice = choose_resume_checkpoint(opts.resume, plan.checkpoint_dir);
         for (const auto& w : choice.warnings) std::fprintf(stderr, "piper: warning: resume: %s\n", w.c_str());
         path = choice.path;
-        if (path.empty())
+        if (path.empty() && plan.checkpoint_dir.empty())
+          std::printf("resume: the job has no checkpoint.dir; starting from step 0\n");
+        else if (path.empty())
           std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
       } catch (const UserError& e) {
         std::fprintf(stderr, "piper: error: %s\n", e.what());

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 
-from common import PIPER, fail, metrics, run, tempdir, tiny_gpt, write
+from common import PIPER, fail, metrics, rank_pids, run, tempdir, tiny_gpt, write
 
 # lr 10 without clipping diverges to a NaN gradient norm (step 275 on one process; 195 in an ASan+UBSan build,
 # whose rounding differs); after a skipped update the next steps can be finite again.
@@ -121,11 +121,6 @@ def wait_for_lines(mpath, n, proc, deadline=60):
     fail(f"no {n} metrics lines within {deadline} s")
 
 
-def rank_pids(mpirun_pid):
-    out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
-
-
 def finish(proc, timeout=60):
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -150,7 +145,7 @@ def check_signals(d):
     part = os.path.join(d, "sig-part.jsonl")
     proc = start(2, cfg, "--metrics", part, *sets)
     wait_for_lines(part, 20, proc)
-    os.kill(rank_pids(proc.pid)[-1], signal.SIGTERM)
+    os.kill(rank_pids(proc.pid)[1], signal.SIGTERM)
     rc, out, err = finish(proc)
     files = glob.glob(os.path.join(ck, "step_*.h5"))
     if rc != 4 or len(files) != 1 or "got SIGTERM" not in err:
@@ -185,7 +180,8 @@ def check_signals(d):
     proc = start(2, cfg, "--metrics", part, *sets, "--set", f'checkpoint.dir="{ck}-twice"')
     wait_for_lines(part, 20, proc)
     # the other rank is held (SIGSTOP), so the signalled one waits at the step boundary when the second comes
-    held, victim = rank_pids(proc.pid)[:2]
+    ranks = rank_pids(proc.pid)
+    held, victim = ranks[0], ranks[1]
     os.kill(held, signal.SIGSTOP)
     os.kill(victim, signal.SIGTERM)
     time.sleep(0.5)

@@ -10,37 +10,11 @@ import subprocess
 import threading
 import time
 
-from common import PIPER, fail, run, tempdir, tiny_gpt, write
+from common import PIPER, fail, rank_pids, run, tempdir, tiny_gpt, write
 
 WATCHDOG_S = 3
 END_WITHIN = WATCHDOG_S + 15  # seconds from SIGSTOP to the end of the job
 START_WITHIN = 30             # seconds until the job has run a few steps
-
-
-def rank_pids(root):
-    """{rank: pid} of the processes under `root` (mpirun) that Open MPI started as ranks."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    ranks, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if b"OMPI_COMM_WORLD_RANK" in env:
-            ranks[int(env[b"OMPI_COMM_WORLD_RANK"])] = pid
-    return ranks
 
 
 def signal_quietly(pid, sig):

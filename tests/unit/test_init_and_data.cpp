@@ -3,6 +3,9 @@
 // rank can produce exactly its slice. Token files are written to a temporary directory by the tests.
 #include <catch2/catch.hpp>
 
+#include "compile/compile.hpp"
+#include "config/load.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,9 +14,7 @@
 #include <fstream>
 #include <set>
 
-#include "compile/compile.hpp"
 #include "config/job.hpp"
-#include "config/load.hpp"
 #include "data/data.hpp"
 #include "model/build.hpp"
 #include "plan/plan.hpp"
@@ -496,25 +497,23 @@ TEST_CASE("an id not below the vocabulary in a uint32 file is rejected with its 
 }
 
 TEST_CASE("the plan carries the data token width to every rank", "[data]") {
-  // a compiled plan (deserialize_plan checks what it reads): tokens of a GPT job, classes of an MLP job
+  // compiled plans, serialized and read back as each rank does (the deserializer checks them)
   auto body = [](const std::string& text) {
     JobSpec spec = load_job_text(text, "job.toml");
     CompileResult r;
     compile_job(spec, 1, r);
-    return r.bodies[0];
+    const auto bytes = serialize_plan(r.bodies.at(0));
+    return deserialize_plan(bytes.data(), bytes.size());
   };
-  Plan p = body("[model]\nkind = \"gpt\"\nvocab = 64\nseq_len = 8\nd_model = 16\nn_layers = 1\nn_heads = 2\n"
-                "[data]\npath = \"" + test::scratch_data_file() + "\"\nbatch = 2\n");
-  p.data.path = "t.u32.bin";
-  p.data.token_bytes = 4;
-  auto bytes = serialize_plan(p);
-  Plan q = deserialize_plan(bytes.data(), bytes.size());
-  CHECK(q.data.path == "t.u32.bin");
+  std::vector<uint32_t> ids(4096);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint32_t(i % 256);
+  TempFile tokens("t.u32.bin", le_bytes(ids, 4));
+  Plan q = body("[model]\nkind = \"gpt\"\nvocab = 256\nseq_len = 16\nd_model = 32\nn_layers = 1\nn_heads = 4\n"
+                "d_ff = 64\n[data]\npath = \"" + tokens.path.string() + "\"\nbatch = 2\ntoken_bytes = 4\n");
+  CHECK(q.data.path == tokens.path.string());
   CHECK(q.data.token_bytes == 4);
-  p = body("[model]\nkind = \"mlp\"\nd_in = 4\nd_hidden = 8\nn_layers = 1\nn_classes = 3\n[data]\nbatch = 2\n");
-  bytes = serialize_plan(p);
-  q = deserialize_plan(bytes.data(), bytes.size());
-  CHECK(q.data.n_classes == 3);
+  Plan m = body("[model]\nkind = \"mlp\"\nd_in = 8\nd_hidden = 16\nn_layers = 2\nn_classes = 3\n[data]\nbatch = 4\n");
+  CHECK(m.data.n_classes == 3);
 }
 
 TEST_CASE("synthetic features and labels are deterministic, sliceable and in range", "[data]") {
