@@ -1,42 +1,84 @@
 #!/usr/bin/env python3
-# Sorts the failing inputs a fuzz target left (tools/fuzz.sh): each is run again and its report read. A crash,
-# hang or out-of-memory whose innermost frame below the sanitizers is inside HDF5 is a known limit of HDF5
-# (listed); anything else (a sanitizer error report, a frame of piper's innermost) is a finding and fails.
-#   tools/fuzz-triage.py EXE ARTIFACT...
+# Sorts the failing inputs a fuzz target left (tools/fuzz.sh): each is run again and its report read. A failure
+# of HDF5 itself on a damaged file is a known limit (listed); anything else is a finding and fails. See
+# fuzz/README.md, "Known limits".   tools/fuzz-triage.py EXE ARTIFACT...
+#
+# Known, when the innermost frame below the sanitizer runtime is inside HDF5 and:
+#  - a crash (deadly signal), hang (timeout) or out-of-memory;
+#  - a leak (every leaked block allocated inside HDF5: its error paths do not free everything);
+#  - an ASan error report whose memory HDF5 allocated (no frame of piper's in an "allocated by" or "freed by"
+#    stack): HDF5 reading a damaged file past its own buffers. A buffer of piper's that HDF5 overruns is a
+#    finding.
 import re
 import subprocess
 import sys
 
+FRAME = re.compile(r"^\s+#\d+ 0x")
 # frames of the fuzzer, the sanitizers, the allocator and libc/libstdc++ sit above the code that failed
-RUNTIME = re.compile(r"__sanitizer|__asan|__ubsan|__interceptor|fuzzer::|\bmalloc\b|\bcalloc\b|\brealloc\b|"
-                     r"\boperator new\b|libc\.so|libstdc\+\+\.so|libgcc_s\.so")
-KINDS = ("deadly signal", "DEADLYSIGNAL", "SEGV on unknown address", "out-of-memory", "libFuzzer: timeout")
+RUNTIME = re.compile(r"__sanitizer|__asan|__lsan|__ubsan|__interceptor|fuzzer::|\bmalloc\b|\bcalloc\b|\brealloc\b|"
+                     r"\bfree\b|\boperator new\b|\boperator delete\b|libc\.so|libstdc\+\+\.so|libgcc_s\.so")
+PIPER = re.compile(r"piper::|/src/|/fuzz/targets\.hpp")
+
+
+def stacks(lines):
+    """[(heading line, [frames])] for every stack trace in the report."""
+    out, heading, cur = [], "", []
+    for line in lines:
+        if FRAME.match(line):
+            cur.append(line.strip())
+            continue
+        if cur:
+            out.append((heading, cur))
+            cur = []
+        if line.strip():
+            heading = line.strip()
+    if cur:
+        out.append((heading, cur))
+    return out
+
+
+def innermost(frames):
+    return next((f for f in frames if not RUNTIME.search(f)), "")
 
 
 def classify(exe, path):
     try:
         p = subprocess.run([exe, "-timeout=10", "-rss_limit_mb=2048", path], capture_output=True, text=True,
                            errors="replace", timeout=120)
-        report = p.stdout + p.stderr
     except subprocess.TimeoutExpired:
-        return "finding", f"{path}: no report within 120 s"
-    kind = next((k for k in KINDS if k in report), None)
-    frames = [l.strip() for l in report.splitlines() if re.match(r"\s+#\d+ 0x", l)]
-    inner = next((f for f in frames if not RUNTIME.search(f)), "")
-    # an ASan error report (overflow, use-after-free...) is a finding wherever it happened
-    asan_error = re.search(r"ERROR: AddressSanitizer: (?!SEGV|out of memory|allocator is out of memory)", report)
-    if kind and not asan_error and "libhdf5" in inner:
-        return "known", f"{path}: {kind} inside HDF5 at {inner}"
-    return "finding", f"{path}:\n" + "\n".join(report.splitlines()[-40:])
+        return False, "no report within 120 s"
+    report = p.stdout + p.stderr
+    all_stacks = stacks(report.splitlines())
+    if not all_stacks:
+        return False, "no stack in the report:\n" + "\n".join(report.splitlines()[-20:])
+    inner = innermost(all_stacks[0][1])
+    tail = "\n".join(report.splitlines()[-40:])
+    if "libhdf5" not in inner:
+        return False, tail
+    if "LeakSanitizer: detected memory leaks" in report:
+        leaks = [f for h, f in all_stacks if "leak of" in h]
+        if leaks and all("libhdf5" in innermost(f) for f in leaks):
+            return True, f"leak inside HDF5 at {inner}"
+        return False, tail
+    m = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", report)
+    if m and m.group(1) not in ("SEGV", "BUS", "FPE", "ILL", "stack-overflow", "allocator", "out"):
+        for heading, frames in all_stacks[1:]:
+            if ("allocated by" in heading or "freed by" in heading) and any(PIPER.search(f) for f in frames):
+                return False, tail  # memory of piper's, overrun by HDF5 or by piper
+        return True, f"{m.group(1)} inside HDF5, on memory HDF5 allocated, at {inner}"
+    for kind in ("deadly signal", "DEADLYSIGNAL", "out-of-memory", "libFuzzer: timeout"):
+        if kind in report:
+            return True, f"{kind} inside HDF5 at {inner}"
+    return False, tail
 
 
 def main():
     exe, paths = sys.argv[1], sys.argv[2:]
     findings = 0
     for path in paths:
-        verdict, text = classify(exe, path)
-        print(f"fuzz: {'known HDF5 limit' if verdict == 'known' else 'FINDING'}: {text}", file=sys.stderr)
-        findings += verdict == "finding"
+        known, text = classify(exe, path)
+        print(f"fuzz: {'known HDF5 limit' if known else 'FINDING'}: {path}: {text}", file=sys.stderr)
+        findings += not known
     sys.exit(1 if findings else 0)
 
 
