@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Piper needs to build, test and run, only those missing.
-# Called by `make`; safe to run again (does nothing when everything is present).
+# Called by `make`; safe to run again (does nothing when everything is present). Arguments are more packages
+# to install: `make fuzz` asks for clang-14, libclang-rt-14-dev (libFuzzer) and libomp-14-dev this way.
 set -euo pipefail
 
 PKGS=(g++ cmake make pkg-config
