@@ -126,12 +126,14 @@ if has_mode eager || has_mode compile; then
       mkdir -p "$(dirname "$TORCH_VENV")"
       pip_log="$TORCH_VENV.pip.log"
       if [[ ! -x "$TORCH_PYTHON" ]]; then
-        "$PYTHON" -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
         echo "+ $PYTHON -m venv $TORCH_VENV"
-        "$PYTHON" -m venv "$TORCH_VENV" || die "cannot create a venv at $TORCH_VENV"
+        if ! "$PYTHON" -m venv "$TORCH_VENV" >"$pip_log" 2>&1; then
+          apt_install python3-venv  # Debian's python3 makes venvs only with python3-venv (ensurepip)
+          "$PYTHON" -m venv "$TORCH_VENV" >"$pip_log" 2>&1 || die "cannot create a venv at $TORCH_VENV (see $pip_log)"
+        fi
       fi
       echo "+ $TORCH_PYTHON -m pip install --upgrade torch numpy   > $pip_log   (the current PyTorch from PyPI)"
-      "$TORCH_PYTHON" -m pip install --upgrade torch numpy >"$pip_log" 2>&1 ||
+      "$TORCH_PYTHON" -m pip install --upgrade torch numpy >>"$pip_log" 2>&1 ||
         die "pip install torch failed (see $pip_log); or point TORCH_PYTHON at an interpreter with torch"
       "$TORCH_PYTHON" -c 'import torch' || die "torch installed in $TORCH_VENV but cannot be imported"
     fi
