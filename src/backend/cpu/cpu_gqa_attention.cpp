@@ -50,13 +50,9 @@ void CpuKernels::gqa_attention_forward(float* y, float* lse, const float* q, con
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           float* __restrict row = S + int64_t(r) * i1;
-          float mx = row[0];
-          for (int j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-          float sum = 0.f;
-          for (int j = 0; j <= i; ++j) {
-            row[j] = vec::exp_approx(row[j] - mx);
-            sum += row[j];
-          }
+          const float mx = vec::lane_max(row, i + 1);
+          for (int j = 0; j <= i; ++j) row[j] = vec::exp_approx(row[j] - mx);
+          const float sum = vec::lane_sum(i + 1, [&](int j) { return row[j]; });
           const float inv = 1.0f / sum;
           for (int j = 0; j <= i; ++j) row[j] *= inv;
           for (int j = i + 1; j < i1; ++j) row[j] = 0.f;  // causal mask inside the diagonal block
@@ -116,8 +112,7 @@ void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const f
           float* __restrict d = dS + int64_t(r) * i1;
           const float* __restrict gi = dYblk + int64_t(r) * qs;
           const float* __restrict yi = yb + int64_t(i) * qs;
-          float drow = 0.f;  // Σ_j P_ij dP_ij = dy_i · y_i
-          for (int c = 0; c < D; ++c) drow += gi[c] * yi[c];
+          const float drow = vec::lane_sum(D, [&](int c) { return gi[c] * yi[c]; });  // Σ_j P_ij dP_ij = dy_i · y_i
           const float l = lb[i];
           for (int j = 0; j <= i; ++j) {
             p[j] = vec::exp_approx(p[j] - l);

@@ -26,6 +26,14 @@ constexpr size_t kReduceChunks = 64;
 
 }  // namespace
 
+GemmSplit choose_gemm_split(int M, int N, int K, int threads) {
+  // Measured with bench/matmul_choice (bench/README.md "matmul"): when K is long and C small (a weight
+  // gradient, K = tokens), splitting K lets each thread pack only its half of both operands; otherwise the
+  // longer side of C is split, so that the operand every thread packs in full is the smaller one.
+  if (threads > 1 && int64_t(K) >= 4 * int64_t(std::max(M, N))) return GemmSplit::K;
+  return M >= N ? GemmSplit::Rows : GemmSplit::Cols;
+}
+
 void sgemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc, int threads) {
   auto ta = trans_a ? CblasTrans : CblasNoTrans;
@@ -35,21 +43,52 @@ void sgemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  if (M >= N) {  // split rows of C: op(A) rows
+  switch (choose_gemm_split(M, N, K, threads)) {
+    case GemmSplit::Rows:  // split rows of C: op(A) rows
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; ++t) {
-      int r0 = int(int64_t(M) * t / threads), r1 = int(int64_t(M) * (t + 1) / threads);
-      if (r1 <= r0) continue;
-      const float* a = trans_a ? A + r0 : A + int64_t(r0) * lda;
-      cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, C + int64_t(r0) * ldc, ldc);
-    }
-  } else {  // split columns of C: op(B) columns
+      for (int t = 0; t < threads; ++t) {
+        int r0 = int(int64_t(M) * t / threads), r1 = int(int64_t(M) * (t + 1) / threads);
+        if (r1 <= r0) continue;
+        const float* a = trans_a ? A + r0 : A + int64_t(r0) * lda;
+        cblas_sgemm(CblasRowMajor, ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, C + int64_t(r0) * ldc, ldc);
+      }
+      return;
+    case GemmSplit::Cols:  // split columns of C: op(B) columns
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; ++t) {
-      int c0 = int(int64_t(N) * t / threads), c1 = int(int64_t(N) * (t + 1) / threads);
-      if (c1 <= c0) continue;
-      const float* b = trans_b ? B + int64_t(c0) * ldb : B + c0;
-      cblas_sgemm(CblasRowMajor, ta, tb, M, c1 - c0, K, alpha, A, lda, b, ldb, beta, C + c0, ldc);
+      for (int t = 0; t < threads; ++t) {
+        int c0 = int(int64_t(N) * t / threads), c1 = int(int64_t(N) * (t + 1) / threads);
+        if (c1 <= c0) continue;
+        const float* b = trans_b ? B + int64_t(c0) * ldb : B + c0;
+        cblas_sgemm(CblasRowMajor, ta, tb, M, c1 - c0, K, alpha, A, lda, b, ldb, beta, C + c0, ldc);
+      }
+      return;
+    case GemmSplit::K: {
+      // Thread t multiplies K-slice t: thread 0 into C (with beta), the others into partials P_t(M,N) that are
+      // then added to C in thread order, each thread adding one block of C's rows.
+      static thread_local std::vector<float> partials;  // grown once, reused by every later call
+      const size_t mn = size_t(M) * N;
+      if (partials.size() < mn * size_t(threads - 1)) partials.resize(mn * size_t(threads - 1));
+      float* P = partials.data();
+#pragma omp parallel num_threads(threads)
+      {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int k0 = int(int64_t(K) * t / nt), k1 = int(int64_t(K) * (t + 1) / nt);
+        const float* a = trans_a ? A + int64_t(k0) * lda : A + k0;
+        const float* b = trans_b ? B + k0 : B + int64_t(k0) * ldb;
+        if (t == 0)
+          cblas_sgemm(CblasRowMajor, ta, tb, M, N, k1 - k0, alpha, a, lda, b, ldb, beta, C, ldc);
+        else
+          cblas_sgemm(CblasRowMajor, ta, tb, M, N, k1 - k0, alpha, a, lda, b, ldb, 0.f, P + mn * (t - 1), N);
+#pragma omp barrier
+        const int r0 = int(int64_t(M) * t / nt), r1 = int(int64_t(M) * (t + 1) / nt);
+        for (int s = 1; s < nt; ++s)
+          for (int r = r0; r < r1; ++r) {
+            float* __restrict dst = C + int64_t(r) * ldc;
+            const float* __restrict src = P + mn * (s - 1) + size_t(r) * N;
+            for (int j = 0; j < N; ++j) dst[j] += src[j];
+          }
+      }
+      return;
     }
   }
 }
@@ -120,14 +159,11 @@ void CpuKernels::layernorm_forward(float* y, float* mean, float* rstd, const flo
     for (size_t r = e0 / C; r < e1 / C; ++r) {
       const float* __restrict xr = x + r * C;
       float* __restrict yr = y + r * C;
-      float s = 0.f;
-      for (int i = 0; i < C; ++i) s += xr[i];
-      float m = s / C;
-      float v = 0.f;
-      for (int i = 0; i < C; ++i) {
-        float d = xr[i] - m;
-        v += d * d;
-      }
+      const float m = vec::lane_sum(C, [&](int i) { return xr[i]; }) / C;
+      const float v = vec::lane_sum(C, [&](int i) {
+        const float d = xr[i] - m;
+        return d * d;
+      });
       float rs = 1.0f / std::sqrt(v / C + 1e-5f);
       for (int i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
       mean[r] = m;
@@ -144,14 +180,8 @@ void CpuKernels::layernorm_backward_input(float* dx, const float* dy, const floa
       const float* __restrict gr = dy + r * C;
       float* __restrict dr = dx + r * C;
       const float m = mean[r], rs = rstd[r];
-      float sum_g = 0.f, sum_gx = 0.f;
-      for (int i = 0; i < C; ++i) {
-        float g = gr[i] * w[i];
-        sum_g += g;
-        sum_gx += g * (xr[i] - m) * rs;
-      }
-      sum_g /= C;
-      sum_gx /= C;
+      const float sum_g = vec::lane_sum(C, [&](int i) { return gr[i] * w[i]; }) / C;
+      const float sum_gx = vec::lane_sum(C, [&](int i) { return gr[i] * w[i] * (xr[i] - m) * rs; }) / C;
       if (accumulate)
         for (int i = 0; i < C; ++i) dr[i] += (gr[i] * w[i] - sum_g - (xr[i] - m) * rs * sum_gx) * rs;
       else
@@ -194,13 +224,9 @@ void CpuKernels::attention_forward(float* y, float* att, const float* qkv, int B
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, int(C3), k, int(C3), 0.f, S, T);
     for (int t = 0; t < T; ++t) {
       float* __restrict row = S + int64_t(t) * T;
-      float mx = row[0];
-      for (int j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.f;
-      for (int j = 0; j <= t; ++j) {
-        row[j] = vec::exp_approx(row[j] - mx);
-        sum += row[j];
-      }
+      const float mx = vec::lane_max(row, t + 1);
+      for (int j = 0; j <= t; ++j) row[j] = vec::exp_approx(row[j] - mx);
+      const float sum = vec::lane_sum(t + 1, [&](int j) { return row[j]; });
       float inv = 1.0f / sum;
       for (int j = 0; j <= t; ++j) row[j] *= inv;
       for (int j = t + 1; j < T; ++j) row[j] = 0.f;
@@ -237,8 +263,7 @@ void CpuKernels::attention_backward(float* dqkv, const float* dy, const float* q
     for (int t = 0; t < T; ++t) {
       const float* __restrict p = P + int64_t(t) * T;
       float* __restrict d = dP + int64_t(t) * T;
-      float dot = 0.f;
-      for (int j = 0; j <= t; ++j) dot += p[j] * d[j];
+      const float dot = vec::lane_sum(t + 1, [&](int j) { return p[j] * d[j]; });
       for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
       for (int j = t + 1; j < T; ++j) d[j] = 0.f;
     }
@@ -290,14 +315,10 @@ void CpuKernels::softmax_xent_forward(float* probs, double* loss_sum, const floa
     for (size_t r = r0; r < r1; ++r) {
       const float* lr = logits + r * V;  // may alias probs
       float* pr = probs + r * V;
-      float mx = lr[0];
-      for (int i = 1; i < V; ++i) mx = std::max(mx, lr[i]);
+      const float mx = vec::lane_max(lr, V);
       const float target_logit = lr[targets[r]];
-      float sum = 0.f;
-      for (int i = 0; i < V; ++i) {
-        pr[i] = vec::exp_approx(lr[i] - mx);
-        sum += pr[i];
-      }
+      for (int i = 0; i < V; ++i) pr[i] = vec::exp_approx(lr[i] - mx);
+      const float sum = vec::lane_sum(V, [&](int i) { return pr[i]; });
       float inv = 1.0f / sum;
       for (int i = 0; i < V; ++i) pr[i] *= inv;
       acc += double(std::log(sum)) - double(target_logit - mx);
@@ -354,9 +375,8 @@ void CpuKernels::sum_squares(double* acc, const float* x, size_t n) {
     // float partials over 1024 elements keep it vectorized; doubles across blocks keep it accurate
     for (size_t i = b; i < e; i += 1024) {
       size_t end = std::min(e, i + 1024);
-      float f = 0.f;
-      for (size_t j = i; j < end; ++j) f += in[j] * in[j];
-      s += f;
+      const float* blk = in + i;
+      s += vec::lane_sum(int(end - i), [&](int j) { return blk[j] * blk[j]; });
     }
     partial[chunk] = s;
   });

@@ -70,6 +70,11 @@ class CpuKernels final : public Kernels {
   int threads_;
 };
 
+// How sgemm_parallel divides C(M,N) = op(A)(M,K) · op(B)(K,N) among threads: blocks of C's rows, of its
+// columns, or slices of K whose partial products are then added in a fixed order.
+enum class GemmSplit { Rows, Cols, K };
+GemmSplit choose_gemm_split(int M, int N, int K, int threads);
+
 // C(M,N) = alpha · op(A)(M,K) · op(B)(K,N) + beta · C, row-major, split over the calling rank's threads.
 void sgemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc, int threads);

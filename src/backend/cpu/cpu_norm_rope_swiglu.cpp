@@ -18,8 +18,7 @@ void CpuKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const fl
     for (size_t r = e0 / C; r < e1 / C; ++r) {
       const float* __restrict xr = x + r * C;  // (C)
       float* __restrict yr = y + r * C;        // (C)
-      float ss = 0.f;
-      for (int i = 0; i < C; ++i) ss += xr[i] * xr[i];
+      const float ss = vec::lane_sum(C, [&](int i) { return xr[i] * xr[i]; });
       const float rs = 1.0f / std::sqrt(ss / C + eps);
       for (int i = 0; i < C; ++i) yr[i] = xr[i] * rs * w[i];
       rstd[r] = rs;
@@ -36,8 +35,7 @@ void CpuKernels::rmsnorm_backward_input(float* dx, const float* dy, const float*
       const float* __restrict gr = dy + r * C;  // (C)
       float* __restrict dr = dx + r * C;        // (C)
       const float rs = rstd[r];
-      float dot = 0.f;
-      for (int i = 0; i < C; ++i) dot += gr[i] * w[i] * xr[i];
+      const float dot = vec::lane_sum(C, [&](int i) { return gr[i] * w[i] * xr[i]; });
       const float k = rs * rs * dot / C;
       if (accumulate)
         for (int i = 0; i < C; ++i) dr[i] += rs * (gr[i] * w[i] - xr[i] * k);

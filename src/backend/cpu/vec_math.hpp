@@ -1,5 +1,5 @@
-// Branch-free float math that GCC vectorizes (exp, tanh, GELU-tanh and its derivative): libm's tanh is slow and scalar.
-// Accuracy ~2 ulp for exp over the clamped range; tanh absolute error < 2e-7.
+// Branch-free float math that GCC vectorizes (exp, tanh, GELU-tanh and its derivative; sums and maxima in lanes):
+// libm's tanh is slow and scalar. Accuracy ~2 ulp for exp over the clamped range; tanh absolute error < 2e-7.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -52,6 +52,35 @@ inline void gelu_and_grad(float x, float& g, float& d) {
   float dt = kGeluScale * (1.0f + 3.0f * kGeluCubic * x2) * (1.0f - t * t);
   d = 0.5f * (1.0f + t) + 0.5f * x * dt;
   g = 0.5f * x * (1.0f + t);
+}
+// Reductions in kLanes interleaved partials: element i goes to partial i % kLanes, and the partials are added
+// pairwise in a fixed order. A plain `s += x[i]` loop is one serial chain of adds (the compiler may not reorder
+// float sums), ten times slower at C = 256; this order vectorizes, and it depends only on n, never on threads.
+constexpr int kLanes = 16;
+
+template <typename F>
+[[gnu::always_inline]] inline float lane_sum(int n, F term) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += term(i + l);
+  for (int l = 0; i + l < n; ++l) acc[l] += term(i + l);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// max of x[0..n), n ≥ 1, in lanes (max is exact, so only speed differs from a serial loop; NaNs are not seen).
+inline float lane_max(const float* x, int n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = x[0];
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] > x[i + l] ? acc[l] : x[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] = acc[l] > x[i + l] ? acc[l] : x[i + l];
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] = acc[l] > acc[l + w] ? acc[l] : acc[l + w];
+  return acc[0];
 }
 
 }  // namespace piper::vec
