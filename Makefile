@@ -35,7 +35,7 @@ test: build data
 # ASan+UBSan build of piper and the unit tests (CUDA off), then every test but the Slurm one under it.
 sanitize: deps data
 	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPER_SANITIZE=ON -DPIPER_CUDA=OFF >/dev/null
-	@cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target piper piper_tests
+	@cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target piper piper-ckpt piper_tests
 	@tools/sanitize-test.sh $(SANITIZE_BUILD) $(JOBS)
 
 # libFuzzer targets (clang-14, ASan+UBSan), each run FUZZ_TIME seconds from fuzz/corpus.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/safetensors.hpp"
 #include "ckpt/verify.hpp"
 #include "compile/compile.hpp"
 #include "config/load.hpp"
@@ -71,6 +72,25 @@ inline void ckpt(const uint8_t* data, size_t size) {
   try {
     CheckpointInfo info = verify_checkpoint(path);
     (void)info;
+  } catch (const UserError&) {
+  }
+  std::remove(path.c_str());
+}
+
+// The safetensors reader (piper-ckpt import): any file ends in its tensors or a UserError that names it.
+inline void safetensors(const uint8_t* data, size_t size) {
+  static const std::string path = [] {
+    const char* dir = std::getenv("TMPDIR");
+    std::string d = dir && *dir ? dir : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+    return d + "/piper-fuzz-st-" + std::to_string(getpid()) + ".safetensors";
+  }();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw SystemError("cannot write " + path);
+  const bool written = std::fwrite(data, 1, size, f) == size;
+  if (std::fclose(f) != 0 || !written) throw SystemError("cannot write " + path);
+  try {
+    SafetensorsFile st = read_safetensors(path);
+    (void)st;
   } catch (const UserError&) {
   }
   std::remove(path.c_str());

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckpt/checksum.hpp"
+#include "ckpt/file_writer.hpp"
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/verify.hpp"
 #include "ckpt/resume_check.hpp"
@@ -43,68 +44,6 @@ std::pair<hsize_t, hsize_t> rows_cols(const ParamSpec& p) {
   hsize_t cols = 1;
   for (size_t i = 1; i < p.shape.size(); ++i) cols *= hsize_t(p.shape[i]);
   return {hsize_t(p.shape[0]), cols};
-}
-
-// Writes one tensor; returns its share of the checksum.
-DatasetDigest write_dataset(hid_t group, const char* group_name, const ParamSpec& p, const float* data) {
-  std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
-  std::vector<hsize_t> chunk = dims;
-  auto [rows, cols] = rows_cols(p);
-  (void)rows;
-  chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t(1) << 20) / std::max<hsize_t>(1, cols)));
-  Handle space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
-  Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
-  H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
-  H5_CHECK(H5Pset_fletcher32(dcpl));
-  Handle ds(H5_CHECK(H5Dcreate2(group, p.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)),
-            H5Dclose);
-  H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
-  H5_CHECK(ds.close());
-  DatasetDigest d{cat(group_name, "/", p.name), std::vector<uint64_t>(dims.begin(), dims.end()), sizeof(float), 0};
-  Fnv1a64 h;
-  h.add(data, size_t(p.numel) * sizeof(float));
-  d.bytes_hash = h.value();
-  return d;
-}
-
-// Flushes a file's (or a folder's) data to the device: 0, or the errno of the failure.
-int fsync_path(const std::string& path, bool folder) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (folder ? O_DIRECTORY : 0));
-  if (fd < 0) return errno;
-  int err = ::fsync(fd) == 0 ? 0 : errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  return err;
-}
-
-// Why writing `file` failed, for people: the errno text the file driver saw ("No space left on device"),
-// else the failed call with HDF5's reason and, on a nearly full file system, its free space.
-std::string write_failure(const std::string& file, const std::exception& e) {
-  int err = 0;
-  if (const auto* h = dynamic_cast<const h5::Error*>(&e)) err = h->sys_errno;
-  if (const auto* f = dynamic_cast<const fs::filesystem_error*>(&e)) err = f->code().value();
-  if (err != 0) return cat(file, ": ", std::strerror(err));
-  struct statvfs sv;
-  std::string free_space;
-  if (::statvfs(fs::path(file).parent_path().c_str(), &sv) == 0 && uint64_t(sv.f_bavail) * sv.f_frsize < (1u << 20))
-    free_space = cat(" (its file system has only ", uint64_t(sv.f_bavail) * sv.f_frsize, " bytes free)");
-  return cat(file, ": ", e.what(), free_space);
-}
-
-// After a failed write: frees the temporary file's space, so that HDF5 can flush what it still holds and
-// close the file even on a full disk (a handle left open would crash HDF5's cleanup at exit), closes
-// everything open in it and removes it.
-void abandon_file(hid_t file, const std::string& path) {
-  if (file >= 0) {
-    void* fd = nullptr;
-    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &fd) >= 0 && fd) (void)::ftruncate(*static_cast<int*>(fd), 0);
-    const unsigned kinds = H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR | H5F_OBJ_LOCAL;
-    std::vector<hid_t> still_open(size_t(std::max<ssize_t>(0, H5Fget_obj_count(file, kinds))));
-    still_open.resize(size_t(std::max<ssize_t>(0, H5Fget_obj_ids(file, kinds, still_open.size(), still_open.data()))));
-    for (hid_t id : still_open) H5Iget_type(id) == H5I_ATTR ? H5Aclose(id) : H5Oclose(id);
-    H5Fclose(file);
-  }
-  std::error_code ec;
-  fs::remove(path, ec);
 }
 
 // The first non-finite value of a tensor as "nan at element 17", or "".
@@ -193,16 +132,6 @@ std::string layout_text(const Plan& p) {
   return s;
 }
 
-// What --resume compares (resume_check.hpp); seed and sampler are written with the other attributes.
-void write_run_record(hid_t file, const Plan& plan) {
-  const RunRecord r = run_record(plan);
-  h5::write_attr_str(file, "model", r.model);
-  if (!r.has_data) return;
-  h5::write_attr_str(file, "data_path", r.data_path);
-  h5::write_attr_i64(file, "data_bytes", r.data_bytes);
-  h5::write_attr_str(file, "data_hash", r.data_hash);
-}
-
 RunRecord read_run_record(hid_t file) {
   RunRecord r;
   r.has_seed = h5::read_attr_i64(file, "seed", r.seed);
@@ -278,16 +207,7 @@ int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MP
     Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
     H5_CHECK(H5Pset_fapl_sec2(fapl));  // the POSIX driver: its errors carry errno
     file.id = H5_CHECK(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
-    h5::write_attr_str(file, "format", kCheckpointFormat);
-    h5::write_attr_i64(file, "format_version", kCheckpointVersion);
-    h5::write_attr_i64(file, "step", steps_done);
-    h5::write_attr_i64(file, "data_step", steps_done);
-    h5::write_attr_i64(file, "seed", int64_t(plan.seed));
-    h5::write_attr_str(file, "sampler", plan.data.sequential ? "sequential" : "random");
-    h5::write_attr_str(file, "job_name", plan.job_name);
-    h5::write_attr_str(file, "job", plan.job_text);
-    h5::write_attr_str(file, "layout", layout_text(plan));
-    write_run_record(file, plan);
+    write_checkpoint_header(file, {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan)});
     for (int t = 0; t < 3; ++t)
       groups[t] = H5_CHECK(H5Gcreate2(file, kGroups[t], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   } catch (const std::exception& e) {
@@ -313,7 +233,7 @@ int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MP
         break;
       }
       try {
-        digests.push_back(write_dataset(groups[t], kGroups[t], spec, full[t].data()));
+        digests.push_back(write_checkpoint_tensor(groups[t], kGroups[t], spec.name, spec.shape, full[t].data()));
       } catch (const std::exception& e) {
         record(kExitFailure, write_failure(tmp_path, e));
       }

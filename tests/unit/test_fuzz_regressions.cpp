@@ -24,7 +24,7 @@ void replay(const std::string& target, void (*one)(const uint8_t*, size_t)) {
 }  // namespace
 
 TEST_CASE("every saved fuzz input belongs to a fuzz target", "[fuzz]") {
-  const std::set<std::string> targets = {"job", "plan", "ckpt"};
+  const std::set<std::string> targets = {"job", "plan", "ckpt", "safetensors"};
   for (const FuzzRegression& r : fuzz_regressions()) {
     INFO(r.target << "/" << r.name);
     CHECK(targets.count(r.target) == 1);
@@ -41,4 +41,8 @@ TEST_CASE("plan bytes a fuzz run once failed on end in a checked Plan or a Syste
 
 TEST_CASE("checkpoint files a fuzz run once failed on end in a CheckpointInfo or a UserError", "[fuzz]") {
   replay("ckpt", piper::fuzz::ckpt);
+}
+
+TEST_CASE("safetensors files a fuzz run once failed on end in tensors or a UserError", "[fuzz]") {
+  replay("safetensors", piper::fuzz::safetensors);
 }

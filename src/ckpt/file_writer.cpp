@@ -1,0 +1,100 @@
+// Writing a checkpoint file's parts (see file_writer.hpp): root attributes, chunked Fletcher32 tensors,
+// fsync, failure messages, and cleaning up after a failed write.
+#include "ckpt/file_writer.hpp"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "ckpt/hdf5_util.hpp"
+#include "ckpt/verify.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace fs = std::filesystem;
+using h5::Handle;
+
+void write_checkpoint_header(hid_t file, const CheckpointHeader& h) {
+  h5::write_attr_str(file, "format", kCheckpointFormat);
+  h5::write_attr_i64(file, "format_version", kCheckpointVersion);
+  h5::write_attr_i64(file, "step", h.step);
+  h5::write_attr_i64(file, "data_step", h.step);
+  h5::write_attr_i64(file, "seed", h.record.seed);
+  h5::write_attr_str(file, "sampler", h.record.sampler);
+  h5::write_attr_str(file, "job_name", h.job_name);
+  h5::write_attr_str(file, "job", h.job_text);
+  h5::write_attr_str(file, "layout", h.layout);
+  // What --resume compares (resume_check.hpp)
+  h5::write_attr_str(file, "model", h.record.model);
+  if (!h.record.has_data) return;
+  h5::write_attr_str(file, "data_path", h.record.data_path);
+  h5::write_attr_i64(file, "data_bytes", h.record.data_bytes);
+  h5::write_attr_str(file, "data_hash", h.record.data_hash);
+}
+
+DatasetDigest write_checkpoint_tensor(hid_t group, const char* group_name, const std::string& name,
+                                      const std::vector<int64_t>& shape, const float* data) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  hsize_t cols = 1, numel = 1;
+  for (size_t i = 0; i < dims.size(); ++i) numel *= dims[i], cols *= i ? dims[i] : 1;
+  std::vector<hsize_t> chunk = dims;
+  if (!chunk.empty())
+    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t(1) << 20) / std::max<hsize_t>(1, cols)));
+  Handle space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
+  Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+  H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
+  H5_CHECK(H5Pset_fletcher32(dcpl));
+  Handle ds(H5_CHECK(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)),
+            H5Dclose);
+  H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  H5_CHECK(ds.close());
+  DatasetDigest d{cat(group_name, "/", name), std::vector<uint64_t>(dims.begin(), dims.end()), sizeof(float), 0};
+  Fnv1a64 h;
+  h.add(data, size_t(numel) * sizeof(float));
+  d.bytes_hash = h.value();
+  return d;
+}
+
+int fsync_path(const std::string& path, bool folder) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (folder ? O_DIRECTORY : 0));
+  if (fd < 0) return errno;
+  int err = ::fsync(fd) == 0 ? 0 : errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  return err;
+}
+
+std::string write_failure(const std::string& file, const std::exception& e) {
+  int err = 0;
+  if (const auto* h = dynamic_cast<const h5::Error*>(&e)) err = h->sys_errno;
+  if (const auto* f = dynamic_cast<const fs::filesystem_error*>(&e)) err = f->code().value();
+  if (err != 0) return cat(file, ": ", std::strerror(err));
+  struct statvfs sv;
+  std::string free_space;
+  if (::statvfs(fs::path(file).parent_path().c_str(), &sv) == 0 && uint64_t(sv.f_bavail) * sv.f_frsize < (1u << 20))
+    free_space = cat(" (its file system has only ", uint64_t(sv.f_bavail) * sv.f_frsize, " bytes free)");
+  return cat(file, ": ", e.what(), free_space);
+}
+
+// Truncating first lets HDF5 flush what it still holds and close the file even on a full disk (a handle
+// left open would crash HDF5's cleanup at exit).
+void abandon_file(hid_t file, const std::string& path) {
+  if (file >= 0) {
+    void* fd = nullptr;
+    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &fd) >= 0 && fd) (void)::ftruncate(*static_cast<int*>(fd), 0);
+    const unsigned kinds = H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR | H5F_OBJ_LOCAL;
+    std::vector<hid_t> still_open(size_t(std::max<ssize_t>(0, H5Fget_obj_count(file, kinds))));
+    still_open.resize(size_t(std::max<ssize_t>(0, H5Fget_obj_ids(file, kinds, still_open.size(), still_open.data()))));
+    for (hid_t id : still_open) H5Iget_type(id) == H5I_ATTR ? H5Aclose(id) : H5Oclose(id);
+    H5Fclose(file);
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+}  // namespace piper

@@ -1,0 +1,221 @@
+"""piper-ckpt on real checkpoints of real runs: ls, show (values, --stats, --slice), diff (exit 1 beyond the
+tolerance), verify (planted damage found, per file), meta, and export -> import round trips for GPT-2 and
+Qwen3 that are bit-identical; an imported checkpoint starts a run; files written by other writers (a
+hand-written BF16 file in Hugging Face's GPT-2 layout, and the Python `safetensors` package when installed)
+import; bad input exits 2 with a message naming the file."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+
+from common import PIPER, fail, losses, run, tempdir, tiny_gpt, tiny_qwen3, write
+
+CKPT = os.path.join(os.path.dirname(PIPER), "piper-ckpt")
+
+
+def tool(*args, want=0):
+    p = subprocess.run([CKPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    if p.returncode != want:
+        fail(f"piper-ckpt {' '.join(args)} exited {p.returncode}, expected {want}\nstdout:\n{p.stdout}\n"
+             f"stderr:\n{p.stderr}")
+    return p
+
+
+def read_st(path):
+    """{name: (dtype, shape, bytes)} and the metadata of a safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}, meta
+
+
+def write_st(path, tensors):
+    """tensors: [(name, dtype, shape, bytes)] in this order."""
+    header, off = {}, 0
+    for name, dt, shape, raw in tensors:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(t[3] for t in tensors))
+
+
+def floats(raw):
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def to_bf16(raw):
+    """float32 bytes -> bfloat16 bytes (truncated)."""
+    return b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
+
+
+def main():
+    d = tempdir()
+    ck = os.path.join(d, "ck")
+    cfg = write(d, "gpt.toml", tiny_gpt(steps=20) + f'\n[checkpoint]\ndir = "{ck}"\nevery = 10\nkeep = 5\n')
+    run(1, cfg)
+    s10, s20 = os.path.join(ck, "step_00000010.h5"), os.path.join(ck, "step_00000020.h5")
+
+    out = tool("ls", s20).stdout
+    if "params/wte" not in out or "(256, 32)" not in out or "adam_v/blocks.3.mlp.proj.weight" not in out:
+        fail(f"ls does not list the tensors with their shapes:\n{out}")
+    print("ok  ls lists every tensor with its shape, and the attributes")
+
+    values = [float(x) for line in tool("show", s20, "wte", "--all").stdout.splitlines()[1:] for x in line.split()]
+    if len(values) != 256 * 32:
+        fail(f"show --all printed {len(values)} values of wte, expected {256 * 32}")
+    stats = tool("show", s20, "params/wte", "--stats").stdout.split()
+    got = {stats[i]: float(stats[i + 1]) for i in range(stats.index("count"), len(stats) - 1, 2)}
+    mean = sum(values) / len(values)
+    want = {"min": min(values), "max": max(values), "mean": mean, "norm": sum(v * v for v in values) ** 0.5,
+            "std": (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5}
+    for k, v in want.items():
+        if abs(got[k] - v) > 1e-5 * max(1.0, abs(v)):
+            fail(f"show --stats {k} = {got[k]}, the printed values give {v}")
+    if got["non-finite"] != 0 or got["count"] != len(values):
+        fail(f"show --stats: {got}")
+    sl = tool("show", s20, "wte", "--slice", "1:3,2:5").stdout.splitlines()[1:]
+    if [[float(x) for x in line.split()] for line in sl] != [values[32 + 2:32 + 5], values[64 + 2:64 + 5]]:
+        fail(f"show --slice 1:3,2:5 printed {sl}")
+    print("ok  show prints values, --slice selects rows and columns, --stats agrees with the values")
+
+    tool("diff", s20, s20, want=0)
+    out = tool("diff", s10, s20, want=1).stdout
+    if "params/wte" not in out or "attribute step: 10 against 20" not in out:
+        fail(f"diff of step 10 and 20 does not show the tensors and the step:\n{out}")
+    tool("diff", s10, s20, "--atol", "100", want=0)
+    tool("diff", s10, s20, "--only", "params/", "--rtol", "0.5", want=1)
+    print("ok  diff: identical files exit 0, trained-apart files exit 1, a wide --atol exits 0")
+
+    out = tool("verify", ck).stdout
+    if out.count("ok ") != 2 or "2 of 2 checkpoints verify" not in out:
+        fail(f"verify of a good folder:\n{out}")
+    bad = os.path.join(d, "bad")
+    os.makedirs(bad)
+    shutil.copy(s10, bad)
+    damaged = os.path.join(bad, "step_00000020.h5")
+    shutil.copy(s20, damaged)
+    with open(damaged, "r+b") as f:  # one byte of tensor data, in the middle of the file
+        f.seek(os.path.getsize(damaged) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x55]))
+    write(bad, "step_00000030.h5", "not a checkpoint\n")
+    out = tool("verify", bad, want=1).stdout
+    if (f"ok    {os.path.join(bad, 'step_00000010.h5')}" not in out or f"FAIL  {damaged}" not in out
+            or "step_00000030.h5: not a readable HDF5 file" not in out or "1 of 3 checkpoints verify" not in out):
+        fail(f"verify of a folder with planted damage:\n{out}")
+    tool("verify", damaged, want=1)
+    tool("diff", s20, damaged, want=2)
+    print("ok  verify names each damaged file and exits 1; diff of a damaged file exits 2")
+
+    out = tool("meta", s20).stdout
+    if "[model]" not in out or "kind=gpt" not in out or "world=1" not in out:
+        fail(f"meta lacks the job text, model or layout:\n{out}")
+    print("ok  meta prints the job text, model keys and layout")
+
+    # export -> import -> export: bit-identical parameters, GPT-2 names and Conv1D layout
+    st = os.path.join(d, "gpt.safetensors")
+    tool("export", s20, "--to", st)
+    tensors, meta = read_st(st)
+    if meta.get("format") != "pt" or tensors["transformer.h.0.attn.c_attn.weight"][1] != [32, 96] or \
+            "transformer.wte.weight" not in tensors or any(k.startswith("blocks.") for k in tensors):
+        fail(f"export: not GPT2LMHeadModel's names and layout: {sorted(tensors)[:5]} {meta}")
+    imp = os.path.join(d, "imp", "step_00000000.h5")
+    os.makedirs(os.path.dirname(imp))
+    tool("import", st, "--job", cfg, "--to", imp)
+    tool("diff", s20, imp, "--only", "params/", want=0)
+    if "max 0 " not in tool("show", imp, "adam_v/wte", "--stats").stdout:
+        fail("import: the optimizer state is not fresh (zeros)")
+    st2 = os.path.join(d, "gpt2.safetensors")
+    tool("export", imp, "--to", st2)
+    t2, _ = read_st(st2)
+    if t2 != tensors:
+        fail("export of the imported checkpoint differs from the first export")
+    tool("verify", imp)
+    print("ok  GPT-2 export -> import -> export is bit-identical; the import verifies, moments are zero")
+
+    # the imported checkpoint starts a run from the trained weights
+    m = os.path.join(d, "ft.jsonl")
+    run(1, cfg, "--resume", imp, "--steps", "3", "--metrics", m, "--set", f'checkpoint.dir="{d}/ft"')
+    fresh = os.path.join(d, "fresh.jsonl")
+    run(1, cfg, "--steps", "3", "--metrics", fresh, "--set", 'checkpoint.dir=""')
+    if not losses(m)[0] < losses(fresh)[0] - 0.3:
+        fail(f"a run from the imported weights starts at loss {losses(m)[0]}, a fresh one at {losses(fresh)[0]}")
+    print(f"ok  a run resumed from the import starts at loss {losses(m)[0]:.3f} (fresh weights: {losses(fresh)[0]:.3f})")
+
+    # a file of another writer: BF16, another order, the tied lm_head and the causal-mask buffers of HF GPT-2
+    hf = os.path.join(d, "hf.safetensors")
+    other = [(k.replace("transformer.", ""), "BF16", v[1], to_bf16(v[2])) for k, v in reversed(sorted(tensors.items()))]
+    other.append(("lm_head.weight", "BF16", tensors["transformer.wte.weight"][1],
+                  to_bf16(tensors["transformer.wte.weight"][2])))
+    other.append(("h.0.attn.bias", "F32", [1, 1, 16, 16], struct.pack("<256f", *([1.0] * 256))))
+    write_st(hf, other)
+    imp2 = os.path.join(d, "imp2.h5")
+    tool("import", hf, "--job", cfg, "--to", imp2)
+    w = [float(x) for line in tool("show", imp2, "wte", "--all").stdout.splitlines()[1:] for x in line.split()]
+    wte_bf16 = to_bf16(tensors["transformer.wte.weight"][2])
+    want_w = floats(b"".join(b"\0\0" + wte_bf16[i:i + 2] for i in range(0, len(wte_bf16), 2)))
+    if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(w, want_w)):
+        fail("import of a BF16 file: wte is not the BF16 values")
+    print("ok  a BF16 file in Hugging Face's GPT-2 layout (no prefix, tied lm_head, mask buffers) imports")
+
+    try:
+        import numpy as np
+        from safetensors.numpy import save_file
+    except ImportError:
+        print("skipped (counted): the Python safetensors package is not installed; its files are not tried")
+    else:
+        pkg = os.path.join(d, "pkg.safetensors")
+        save_file({k: np.frombuffer(v[2], dtype="<f4").reshape(v[1]) for k, v in tensors.items()}, pkg)
+        imp3 = os.path.join(d, "imp3.h5")
+        tool("import", pkg, "--job", cfg, "--to", imp3)
+        tool("diff", s20, imp3, "--only", "params/", want=0)
+        print("ok  a file written by the safetensors package imports bit-identically")
+
+    # Qwen3 (tied embeddings): names are already Hugging Face's
+    qck = os.path.join(d, "qck")
+    qcfg = write(d, "q.toml", tiny_qwen3(steps=4, tied=True) + f'\n[checkpoint]\ndir = "{qck}"\nevery = 4\n')
+    run(1, qcfg)
+    qs = os.path.join(qck, "step_00000004.h5")
+    qst = os.path.join(d, "q.safetensors")
+    tool("export", qs, "--to", qst)
+    qt, _ = read_st(qst)
+    if "model.layers.0.self_attn.q_proj.weight" not in qt or "lm_head.weight" in qt:
+        fail(f"Qwen3 export names: {sorted(qt)[:6]}")
+    qimp = os.path.join(d, "qimp.h5")
+    tool("import", qst, "--job", qcfg, "--to", qimp)
+    tool("diff", qs, qimp, "--only", "params/", want=0)
+    print("ok  Qwen3 export -> import is bit-identical")
+
+    # bad input: exit 2 and a message naming the file or what is wrong
+    small = write(d, "small.toml", tiny_gpt(steps=20).replace("d_model = 32", "d_model = 16"))
+    p = tool("import", st, "--job", small, "--to", os.path.join(d, "x.h5"), want=2)
+    if "shape" not in p.stderr or "gpt.safetensors" not in p.stderr:
+        fail(f"import into another model: {p.stderr}")
+    if os.path.exists(os.path.join(d, "x.h5")) or any(n.startswith(".x.h5") for n in os.listdir(d)):
+        fail("a refused import left a file behind")
+    p = tool("import", st, "--job", cfg, "--to", imp, want=2)
+    if "exists" not in p.stderr:
+        fail(f"import over an existing file: {p.stderr}")
+    trunc = os.path.join(d, "trunc.safetensors")
+    with open(st, "rb") as f, open(trunc, "wb") as g:
+        g.write(f.read(os.path.getsize(st) // 2))
+    p = tool("import", trunc, "--job", cfg, "--to", os.path.join(d, "y.h5"), want=2)
+    if "trunc.safetensors" not in p.stderr:
+        fail(f"truncated safetensors: {p.stderr}")
+    for args in (["show", s20, "nope"], ["ls", os.path.join(d, "missing.h5")], ["verify", os.path.join(d, "nothing")],
+                 ["diff", s20], ["frobnicate"], ["show", s20, "wte", "--slice", "9:300"],
+                 ["diff", s10, s20, "--rtol", "x"]):
+        p = tool(*args, want=2)
+        if "piper-ckpt: error:" not in p.stderr:
+            fail(f"piper-ckpt {' '.join(args)}: no error message: {p.stderr}")
+    print("ok  bad input (another model's shape, an existing target, a truncated file, unknown names) exits 2")
+
+
+if __name__ == "__main__":
+    main()
