@@ -9,6 +9,7 @@ BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # One benchmark per line: a script under bench/ and its arguments (BUILD_DIR is appended).
 BENCHMARKS=(
   "quickstart.sh"
+  "matmul_choice.sh"
   "families.py"
   "moe.py"
   "compile_scale.py"
