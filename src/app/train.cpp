@@ -141,6 +141,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                 [&] { long long n = 0; for (const auto& p : plan.params) n += p.numel; return n; }(),
                 flops_per_step / 1e9, flops_per_step / tokens_per_step);
   int64_t last_saved = -1;
+  CheckpointSaver saver(plan.checkpoint_dir, plan.checkpoint_keep, plan.checkpoint_async, world);
   bool balance = false;  // the model has segments with a balance loss: report it apart
   for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
   int64_t skipped_in_row = 0, skipped_total = 0;
@@ -199,14 +200,14 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                      static_cast<long long>(step + 1), m.loss, m.grad_norm,
                      plan.skip_nonfinite ? cat(" for ", skipped_in_row, " steps in a row").c_str() : "",
                      plan.skip_nonfinite ? "skip" : "stop", int(kExitNonFinite));
+      if (int code = saver.finish()) return code;  // an earlier checkpoint still being written completes
       return kExitNonFinite;
     }
     if (m.stop_requested) {
       if (!plan.checkpoint_dir.empty() && last_saved != step + 1) {
-        if (int code = save_checkpoint(ex, step + 1, plan.checkpoint_dir, world)) return code;
-        if (rank == 0)
-          prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, step + 1));
+        if (int code = saver.save(ex, step + 1)) return code;
       }
+      if (int code = saver.finish()) return code;
       if (rank == 0) {
         if (plan.checkpoint_dir.empty())
           std::printf("stopped by a signal after step %lld; no checkpoint.dir: nothing saved\n",
@@ -219,17 +220,14 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       return kExitStopped;
     }
     if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
-      if (int code = save_checkpoint(ex, step + 1, plan.checkpoint_dir, world)) return code;
-      if (rank == 0)
-        prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, step + 1));
+      if (int code = saver.save(ex, step + 1)) return code;
       last_saved = step + 1;
     }
   }
   if (!plan.checkpoint_dir.empty() && end > start && last_saved != end) {
-    if (int code = save_checkpoint(ex, end, plan.checkpoint_dir, world)) return code;
-    if (rank == 0)
-      prune_checkpoints(plan.checkpoint_dir, plan.checkpoint_keep, checkpoint_path(plan.checkpoint_dir, end));
+    if (int code = saver.save(ex, end)) return code;
   }
+  if (int code = saver.finish()) return code;  // the end of the run waits for the last write
   if (rank == 0 && skipped_total > 0)
     std::printf("%lld step%s had a non-finite loss or gradient norm and applied no update\n",
                 static_cast<long long>(skipped_total), skipped_total == 1 ? "" : "s");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -15,11 +16,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "ckpt/checksum.hpp"
 #include "ckpt/file_writer.hpp"
+#include "ckpt/folder.hpp"
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/verify.hpp"
 #include "ckpt/resume_check.hpp"
@@ -46,12 +50,6 @@ std::pair<hsize_t, hsize_t> rows_cols(const ParamSpec& p) {
   return {hsize_t(p.shape[0]), cols};
 }
 
-// The first non-finite value of a tensor as "nan at element 17", or "".
-std::string first_non_finite(const std::vector<float>& v) {
-  for (size_t i = 0; i < v.size(); ++i)
-    if (!std::isfinite(v[i])) return cat(v[i], " at element ", i);
-  return "";
-}
 
 // Reads elements [begin, begin+count) of the flattened tensor into out.
 void read_range(hid_t file, const std::string& path, const char* group, const ParamSpec& p, int64_t begin,
@@ -150,28 +148,22 @@ std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
   return (fs::path(dir) / name).string();
 }
 
-int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world) {
+namespace {
+
+// Collective over `comm`: every rank's owned slices reach rank 0, which hands each parameter's three
+// complete tensors (params, adam_m, adam_v), in parameter order, to `take`. Other ranks only send.
+template <typename Take>
+void gather_state(Executor& ex, MPI_Comm comm, Take take) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
   int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  MPI_Comm comm;
-  MPI_CHECK(MPI_Comm_dup(world, &comm));
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
   std::vector<Piece> mine = owned_pieces(ex);
-
   // Who sends what: every rank's piece list reaches rank 0.
   std::vector<int64_t> meta;
   for (const auto& p : mine) meta.insert(meta.end(), {p.param, p.start, p.count});
   Gathered<int64_t> all = gather_to_root(meta, comm);
-
-  // Every rank learns rank 0's outcome: 0, or the exit code of a failed save.
-  int code = 0;
-  auto finish = [&] {
-    MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm));
-    MPI_Comm_free(&comm);
-    return code;
-  };
   std::vector<float> staging;
   if (rank != 0) {
     for (const auto& p : mine)
@@ -180,9 +172,8 @@ int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MP
         k.download(staging.data(), p.src[t], size_t(p.count) * sizeof(float));
         MPI_CHECK(MPI_Send(staging.data(), int(p.count), MPI_FLOAT, 0, t, comm));
       }
-    return finish();
+    return;
   }
-
   // Rank 0: pieces by parameter, each from its rank in start order.
   struct From { int rank; int64_t start, count; };
   std::map<int64_t, std::vector<From>> by_param;
@@ -190,86 +181,135 @@ int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MP
     for (const int64_t* e = all.begin(r); e < all.end(r); e += 3) by_param[e[0]].push_back({r, e[1], e[2]});
   std::map<std::pair<int64_t, int64_t>, const Piece*> local;
   for (const auto& p : mine) local[{p.param, p.start}] = &p;
-
-  const std::string final_path = checkpoint_path(dir, steps_done);
-  const std::string final_name = fs::path(final_path).filename().string();
-  const std::string tmp_path = (fs::path(dir) / ("." + final_name + ".tmp")).string();
-  std::string failure;  // the first thing that went wrong; every piece is still received after it
-  auto record = [&](int exit_code, const std::string& why) {
-    if (failure.empty()) failure = why, code = exit_code;
-  };
-  h5::quiet();
-  Handle file(-1, H5Fclose);
-  hid_t groups[3] = {-1, -1, -1};
-  std::vector<DatasetDigest> digests;
-  try {
-    fs::create_directories(dir);
-    Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
-    H5_CHECK(H5Pset_fapl_sec2(fapl));  // the POSIX driver: its errors carry errno
-    file.id = H5_CHECK(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
-    write_checkpoint_header(file, {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan)});
-    for (int t = 0; t < 3; ++t)
-      groups[t] = H5_CHECK(H5Gcreate2(file, kGroups[t], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-  } catch (const std::exception& e) {
-    record(kExitFailure, write_failure(tmp_path, e));
-  }
-  std::vector<float> full[3];
   for (size_t pi = 0; pi < plan.params.size(); ++pi) {
     const ParamSpec& spec = plan.params[pi];
+    std::array<std::vector<float>, 3> full;
     for (auto& f : full) f.assign(size_t(spec.numel), 0.f);
     int64_t covered = 0;
     for (const From& fr : by_param[int64_t(pi)]) {
       for (int t = 0; t < 3; ++t) {
-        float* dst = full[t].data() + fr.start;
+        float* dst = full[size_t(t)].data() + fr.start;
         if (fr.rank == 0) k.download(dst, local.at({int64_t(pi), fr.start})->src[t], size_t(fr.count) * sizeof(float));
         else MPI_CHECK(MPI_Recv(dst, int(fr.count), MPI_FLOAT, fr.rank, t, comm, MPI_STATUS_IGNORE));
       }
       covered += fr.count;
     }
     PIPER_CHECK(covered == spec.numel, "checkpoint of ", spec.name, " covers ", covered, " of ", spec.numel, " elements");
-    for (int t = 0; t < 3 && failure.empty(); ++t) {
-      if (std::string where = first_non_finite(full[t]); !where.empty()) {
-        record(kExitNonFinite, cat("tensor '", kGroups[t], "/", spec.name, "' holds a non-finite value (", where, ")"));
-        break;
-      }
-      try {
-        digests.push_back(write_checkpoint_tensor(groups[t], kGroups[t], spec.name, spec.shape, full[t].data()));
-      } catch (const std::exception& e) {
-        record(kExitFailure, write_failure(tmp_path, e));
-      }
-    }
+    take(spec, full);
   }
-  if (failure.empty()) {
+}
+
+CheckpointHeader header_of(const Plan& plan, int64_t steps_done) {
+  return {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan)};
+}
+
+void report_failed_save(int64_t steps_done, const std::string& failure) {
+  std::fprintf(stderr, "piper: error: checkpoint at step %lld not written: %s; older checkpoints are kept\n",
+               static_cast<long long>(steps_done), failure.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm comm;
+  MPI_CHECK(MPI_Comm_dup(world, &comm));
+  std::unique_ptr<CheckpointFileWriter> file;
+  if (rank == 0) file = std::make_unique<CheckpointFileWriter>(checkpoint_path(dir, steps_done), header_of(ex.plan(), steps_done));
+  // Rank 0 writes each parameter as it arrives: it holds one parameter's tensors at a time.
+  gather_state(ex, comm, [&](const ParamSpec& spec, const std::array<std::vector<float>, 3>& full) {
+    for (int t = 0; t < 3; ++t) file->tensor(t, spec.name, spec.shape, full[size_t(t)].data(), full[size_t(t)].size());
+  });
+  int code = 0;
+  if (rank == 0 && (code = file->finish()) != 0) report_failed_save(steps_done, file->failure());
+  // Every rank learns rank 0's outcome: 0, or the exit code of a failed save.
+  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm));
+  MPI_Comm_free(&comm);
+  return code;
+}
+
+// ---- CheckpointSaver ----
+
+struct CheckpointSaver::Pending {
+  int64_t steps_done = 0;
+  CheckpointHeader header;
+  std::vector<ParamSpec> specs;
+  std::vector<std::array<std::vector<float>, 3>> tensors;
+  std::thread writer;
+  int code = 0;
+  std::string failure;
+};
+
+CheckpointSaver::CheckpointSaver(std::string dir, int keep, bool async, MPI_Comm world)
+    : dir_(std::move(dir)), keep_(keep), async_(async) {
+  MPI_CHECK(MPI_Comm_dup(world, &comm_));
+  MPI_Comm_rank(comm_, &rank_);
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();  // an error path: no collective here
+  MPI_Comm_free(&comm_);
+}
+
+int CheckpointSaver::wait_rank0() {
+  if (!pending_) return 0;
+  pending_->writer.join();
+  const int code = pending_->code;
+  if (code != 0) report_failed_save(pending_->steps_done, pending_->failure);
+  pending_.reset();
+  return code;
+}
+
+int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
+  if (!async_) {
+    int code = save_checkpoint(ex, steps_done, dir_, comm_);
+    if (code == 0 && rank_ == 0) prune_checkpoints(dir_, keep_, checkpoint_path(dir_, steps_done));
+    return code;
+  }
+  // The previous file must be complete before this one starts (and before its failure could go unseen).
+  int code = rank_ == 0 ? wait_rank0() : 0;
+  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm_));
+  if (code != 0) return code;
+  auto p = std::make_unique<Pending>();
+  p->steps_done = steps_done;
+  // The step's copy of the state: every rank's slices into rank 0's host memory, then training goes on.
+  gather_state(ex, comm_, [&](const ParamSpec& spec, std::array<std::vector<float>, 3>& full) {
+    p->specs.push_back(spec);
+    p->tensors.push_back(std::move(full));
+  });
+  if (rank_ != 0) return 0;
+  p->header = header_of(ex.plan(), steps_done);
+  Pending* raw = p.get();
+  const std::string dir = dir_;
+  const int keep = keep_;
+  raw->writer = std::thread([raw, dir, keep] {
     try {
-      h5::write_attr_str(file, kChecksumAttribute, checksum_text(checkpoint_checksum(file, digests)));
-      for (hid_t& g : groups) H5_CHECK(H5Gclose(std::exchange(g, -1)));
-      H5_CHECK(file.close());
-      if (int err = fsync_path(tmp_path, false)) record(kExitFailure, cat(tmp_path, ": fsync: ", std::strerror(err)));
+      CheckpointFileWriter file(checkpoint_path(dir, raw->steps_done), raw->header);
+      for (size_t i = 0; i < raw->specs.size(); ++i)
+        for (int t = 0; t < 3; ++t)
+          file.tensor(t, raw->specs[i].name, raw->specs[i].shape, raw->tensors[i][size_t(t)].data(),
+                      raw->tensors[i][size_t(t)].size());
+      raw->code = file.finish();
+      raw->failure = file.failure();
+      if (raw->code == 0) prune_checkpoints(dir, keep, checkpoint_path(dir, raw->steps_done));
     } catch (const std::exception& e) {
-      record(kExitFailure, write_failure(tmp_path, e));
+      raw->code = kExitFailure;
+      raw->failure = e.what();
     }
-  }
-  if (failure.empty()) {
-    try {
-      verify_checkpoint(tmp_path, final_name);
-    } catch (const UserError& e) {
-      record(kExitFailure, cat("the file written does not verify: ", e.what()));
-    }
-  }
-  if (failure.empty()) {
-    std::error_code ec;
-    fs::rename(tmp_path, final_path, ec);
-    if (ec) record(kExitFailure, cat("cannot rename ", tmp_path, " to ", final_path, ": ", ec.message()));
-    else if (int err = fsync_path(dir, true))
-      record(kExitFailure, cat(dir, ": fsync of the folder: ", std::strerror(err)));
-  }
-  if (!failure.empty()) {
-    abandon_file(std::exchange(file.id, -1), tmp_path);
-    std::fprintf(stderr, "piper: error: checkpoint at step %lld not written: %s; older checkpoints are kept\n",
-                 static_cast<long long>(steps_done), failure.c_str());
-    std::fflush(stderr);
-  }
-  return finish();
+    raw->tensors.clear();
+    raw->tensors.shrink_to_fit();
+  });
+  pending_ = std::move(p);
+  return 0;
+}
+
+int CheckpointSaver::finish() {
+  if (!async_) return 0;
+  int code = rank_ == 0 ? wait_rank0() : 0;
+  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm_));
+  return code;
 }
 
 namespace {

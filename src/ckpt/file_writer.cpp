@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/verify.hpp"
 #include "util/error.hpp"
+#include "util/exit_codes.hpp"
 
 namespace piper {
 
@@ -95,6 +98,93 @@ void abandon_file(hid_t file, const std::string& path) {
   }
   std::error_code ec;
   fs::remove(path, ec);
+}
+
+namespace {
+const char* kGroupNames[3] = {"params", "adam_m", "adam_v"};
+}  // namespace
+
+CheckpointFileWriter::CheckpointFileWriter(const std::string& final_path, const CheckpointHeader& header)
+    : final_path_(final_path) {
+  const fs::path fp(final_path);
+  const fs::path dir = fp.parent_path().empty() ? fs::path(".") : fp.parent_path();
+  tmp_path_ = (dir / ("." + fp.filename().string() + ".tmp")).string();
+  h5::quiet();
+  try {
+    fs::create_directories(dir);
+    Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+    H5_CHECK(H5Pset_fapl_sec2(fapl));  // the POSIX driver: its errors carry errno
+    file_ = H5_CHECK(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    write_checkpoint_header(hid_t(file_), header);
+    for (int t = 0; t < 3; ++t)
+      groups_[t] = H5_CHECK(H5Gcreate2(hid_t(file_), kGroupNames[t], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  } catch (const std::exception& e) {
+    record(kExitFailure, write_failure(tmp_path_, e));
+  }
+}
+
+CheckpointFileWriter::~CheckpointFileWriter() {
+  if (finished_) return;
+  for (int64_t& g : groups_)
+    if (g >= 0) H5Gclose(hid_t(std::exchange(g, -1)));
+  abandon_file(hid_t(std::exchange(file_, -1)), tmp_path_);
+}
+
+void CheckpointFileWriter::record(int code, const std::string& why) {
+  if (failure_.empty()) failure_ = why, code_ = code;
+}
+
+void CheckpointFileWriter::tensor(int group, const std::string& name, const std::vector<int64_t>& shape,
+                                  const float* data, size_t n) {
+  if (!failure_.empty()) return;
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(data[i])) {
+      record(kExitNonFinite, cat("tensor '", kGroupNames[group], "/", name, "' holds a non-finite value (", data[i],
+                                 " at element ", i, ")"));
+      return;
+    }
+  try {
+    digests_.push_back(write_checkpoint_tensor(hid_t(groups_[group]), kGroupNames[group], name, shape, data));
+  } catch (const std::exception& e) {
+    record(kExitFailure, write_failure(tmp_path_, e));
+  }
+}
+
+int CheckpointFileWriter::finish() {
+  if (failure_.empty()) {
+    try {
+      h5::write_attr_str(hid_t(file_), kChecksumAttribute, checksum_text(checkpoint_checksum(hid_t(file_), digests_)));
+      for (int64_t& g : groups_) H5_CHECK(H5Gclose(hid_t(std::exchange(g, -1))));
+      H5_CHECK(H5Fclose(hid_t(std::exchange(file_, -1))));
+      if (int err = fsync_path(tmp_path_, false)) record(kExitFailure, cat(tmp_path_, ": fsync: ", std::strerror(err)));
+    } catch (const std::exception& e) {
+      record(kExitFailure, write_failure(tmp_path_, e));
+    }
+  }
+  if (failure_.empty()) {
+    try {
+      verify_checkpoint(tmp_path_, fs::path(final_path_).filename().string());
+    } catch (const UserError& e) {
+      record(kExitFailure, cat("the file written does not verify: ", e.what()));
+    }
+  }
+  if (failure_.empty()) {
+    std::error_code ec;
+    fs::rename(tmp_path_, final_path_, ec);
+    const fs::path dir = fs::path(final_path_).parent_path().empty() ? fs::path(".") : fs::path(final_path_).parent_path();
+    if (ec) record(kExitFailure, cat("cannot rename ", tmp_path_, " to ", final_path_, ": ", ec.message()));
+    else if (int err = fsync_path(dir.string(), true))
+      record(kExitFailure, cat(dir.string(), ": fsync of the folder: ", std::strerror(err)));
+  }
+  if (failure_.empty()) {
+    finished_ = true;
+    return 0;
+  }
+  for (int64_t& g : groups_)
+    if (g >= 0) H5Gclose(hid_t(std::exchange(g, -1)));
+  abandon_file(hid_t(std::exchange(file_, -1)), tmp_path_);
+  finished_ = true;
+  return code_;
 }
 
 }  // namespace piper

@@ -38,4 +38,32 @@ std::string write_failure(const std::string& file, const std::exception& e);
 // After a failed write: frees the temporary file's space, closes everything open in it and removes it.
 void abandon_file(hid_t file, const std::string& path);
 
+// One checkpoint file being written: `.NAME.tmp` next to `final_path`, renamed to it only once complete,
+// synced and verified. The first failure is kept and everything after it skipped; finish() reports it.
+class CheckpointFileWriter {
+ public:
+  CheckpointFileWriter(const std::string& final_path, const CheckpointHeader& header);
+  ~CheckpointFileWriter();  // an unfinished file is removed
+  CheckpointFileWriter(const CheckpointFileWriter&) = delete;
+  CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
+
+  // Writes group/name (group 0 params, 1 adam_m, 2 adam_v). A non-finite value is a failure
+  // (kExitNonFinite) naming the tensor; the file is then never renamed.
+  void tensor(int group, const std::string& name, const std::vector<int64_t>& shape, const float* data, size_t n);
+  // The checksum, close, fsync, verify, rename and fsync of the folder. Returns 0, or the exit code of the
+  // first failure (kExitFailure for I/O, kExitNonFinite) with `failure()` saying why; the temporary file is
+  // then removed and the folder's older files are untouched.
+  int finish();
+  const std::string& failure() const { return failure_; }
+
+ private:
+  void record(int code, const std::string& why);
+  std::string final_path_, tmp_path_, failure_;
+  int code_ = 0;
+  int64_t file_ = -1;  // hid_t
+  int64_t groups_[3] = {-1, -1, -1};
+  std::vector<DatasetDigest> digests_;
+  bool finished_ = false;
+};
+
 }  // namespace piper

@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "ckpt/file_writer.hpp"
-#include "ckpt/hdf5_util.hpp"
 #include "ckpt/hf_names.hpp"
 #include "ckpt/reader.hpp"
 #include "ckpt/safetensors.hpp"
@@ -386,34 +385,18 @@ int cmd_import(const Args& a) {
     h.record.has_data = true, h.record.data_path = spec.data.path, h.record.data_bytes = id.bytes,
     h.record.data_hash = id.hash;
   }
-  const fs::path dir = fs::path(out).parent_path().empty() ? fs::path(".") : fs::path(out).parent_path();
-  const std::string tmp = (dir / ("." + out_name + ".tmp")).string();
-  h5::quiet();
-  h5::Handle file(-1, H5Fclose);
-  try {
-    file.id = H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-    write_checkpoint_header(file, h);
-    std::vector<DatasetDigest> digests;
-    const char* groups[3] = {"params", "adam_m", "adam_v"};
-    for (const char* g : groups) {
-      h5::Handle group(H5_CHECK(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
-      for (const ParamSpec& p : model.params) {
-        std::vector<float> zeros;
-        const float* data = got.at(p.name).data.data();
-        if (g != groups[0]) zeros.assign(size_t(p.numel), 0.f), data = zeros.data();  // fresh AdamW moments
-        digests.push_back(write_checkpoint_tensor(group, g, p.name, p.shape, data));
-      }
+  // Written like a save: a temporary file, fsync, verify, rename; fresh (zero) AdamW moments.
+  CheckpointFileWriter file(out, h);
+  for (int g = 0; g < 3; ++g)
+    for (const ParamSpec& p : model.params) {
+      std::vector<float> zeros;
+      const float* data = got.at(p.name).data.data();
+      if (g > 0) zeros.assign(size_t(p.numel), 0.f), data = zeros.data();
+      file.tensor(g, p.name, p.shape, data, size_t(p.numel));
     }
-    h5::write_attr_str(file, kChecksumAttribute, checksum_text(checkpoint_checksum(file, digests)));
-    H5_CHECK(file.close());
-    if (int err = fsync_path(tmp, false)) throw SystemError(cat(tmp, ": fsync: ", std::strerror(err)));
-    verify_checkpoint(tmp, out_name);
-    fs::rename(tmp, out);
-    fsync_path(dir.string(), true);
-  } catch (const std::exception& e) {
-    abandon_file(std::exchange(file.id, -1), tmp);
-    if (dynamic_cast<const UserError*>(&e)) throw;
-    throw SystemError(write_failure(tmp, e));
+  if (int code = file.finish()) {
+    std::fprintf(stderr, "piper-ckpt: error: %s not written: %s\n", out.c_str(), file.failure().c_str());
+    return code;
   }
   std::printf("imported %zu parameters of %s into %s (step 0, fresh optimizer state) for %s\n", got.size(),
               in.c_str(), out.c_str(), spec.path.c_str());

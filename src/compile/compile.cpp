@@ -25,6 +25,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.checkpoint_dir = spec.checkpoint.dir;
   p.checkpoint_every = spec.checkpoint.every;
   p.checkpoint_keep = spec.checkpoint.keep;
+  p.checkpoint_async = spec.checkpoint.async;
   p.allow_changes = spec.checkpoint.allow_changes;
   p.model_keys = model_keys_text(spec.model);
   p.threads = spec.job.threads;

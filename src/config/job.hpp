@@ -63,6 +63,7 @@ struct CheckpointSpec {
   std::string dir;   // empty: no checkpoints
   int64_t every = 0;  // 0: only at the end of the run
   int keep = 0;       // 0: keep all
+  bool async = false;  // write on a thread of rank 0 while training continues
   // Settings --resume may find changed against the checkpoint with a warning instead of an error:
   // "job.seed", "data.sampler", "data.path" (the data file's content), "model.KEY".
   std::vector<std::string> allow_changes;

@@ -188,6 +188,7 @@ void load_checkpoint(TomlReader& r, CheckpointSpec& c, const LoadContext& ctx) {
   c.dir = r.get_string("dir", c.dir);
   c.every = r.get_int("every", c.every, 0, INT64_MAX);
   c.keep = int(r.get_int("keep", c.keep, 0, 1 << 20));
+  c.async = r.get_bool("async", c.async);
   if (const toml::node* n = r.get_node("allow_changes")) {
     const toml::array* a = n->as_array();
     if (!a) r.error("allow_changes", "an array of setting names such as [\"job.seed\", \"data.path\"]", n);

@@ -12,7 +12,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 4;
+constexpr uint32_t kPlanVersion = 5;
 
 enum class Op : uint8_t {
   Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
@@ -136,6 +136,7 @@ struct Plan {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 0;
+  bool checkpoint_async = false;  // checkpoint.async
   std::vector<std::string> allow_changes;  // checkpoint.allow_changes: what --resume accepts with a warning
   std::string model_keys;                  // the model as "kind=gpt vocab=256 ..." (model_keys_text)
   int threads = 0;

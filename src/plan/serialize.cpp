@@ -150,6 +150,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.checkpoint_dir);
   w.put(p.checkpoint_every);
   w.put<int32_t>(p.checkpoint_keep);
+  w.put<uint8_t>(p.checkpoint_async ? 1 : 0);
   w.put<uint32_t>(uint32_t(p.allow_changes.size()));
   for (const auto& a : p.allow_changes) w.put_string(a);
   w.put_string(p.model_keys);
@@ -233,6 +234,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.checkpoint_dir = r.get_string();
   p.checkpoint_every = r.get<int64_t>();
   p.checkpoint_keep = r.get<int32_t>();
+  p.checkpoint_async = r.get<uint8_t>() != 0;
   const uint32_t n_allowed = r.get_count(4);
   for (uint32_t i = 0; i < n_allowed; ++i) p.allow_changes.push_back(r.get_string());
   p.model_keys = r.get_string();

@@ -160,6 +160,7 @@ def main():
 
     concurrent_jobs(d)
     full_disk(d, os.path.getsize(step5))
+    full_disk(d, os.path.getsize(step5), asynchronous=True)
     non_finite(d)
 
 
@@ -204,9 +205,11 @@ def concurrent_jobs(d):
     print("ok  the first job completed; its checkpoints verify; the lock was released at its end")
 
 
-def full_disk(d, checkpoint_bytes):
-    """On a full file system the save fails with exit 1 and the errno text; the older checkpoint stays."""
-    mnt = os.path.join(d, "small")
+def full_disk(d, checkpoint_bytes, asynchronous=False):
+    """On a full file system the save fails with exit 1 and the errno text; the older checkpoint stays. With
+    checkpoint.async the failure of the write on rank 0's thread surfaces at the end of the run, the same way."""
+    label = "full disk, async" if asynchronous else "full disk"
+    mnt = os.path.join(d, "small-async" if asynchronous else "small")
     os.makedirs(mnt)
     size_kib = (checkpoint_bytes * 3 // 2) // 1024 + 8  # room for one checkpoint and the lock file, not two
     m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", mnt], capture_output=True, text=True)
@@ -215,17 +218,17 @@ def full_disk(d, checkpoint_bytes):
         return
     try:
         ck = os.path.join(mnt, "ck")
-        cfg = job(d, "full", ck, steps=10, every=5)
+        cfg = job(d, "full", ck, steps=10, every=5, extra="async = true\n" if asynchronous else "")
         p = run(1, cfg, check=False)
         tmp = os.path.join(ck, ".step_00000010.h5.tmp")
         if p.returncode != 1 or "No space left on device" not in p.stderr or tmp not in p.stderr:
-            fail(f"full disk: exit {p.returncode}, expected 1 naming {tmp} with 'No space left on device':\n{p.stderr}")
+            fail(f"{label}: exit {p.returncode}, expected 1 naming {tmp} with 'No space left on device':\n{p.stderr}")
         if "older checkpoints are kept" not in p.stderr:
-            fail(f"full disk: the message does not say the older checkpoints are kept:\n{p.stderr}")
+            fail(f"{label}: the message does not say the older checkpoints are kept:\n{p.stderr}")
         left = sorted(os.listdir(ck))
         if left != [".lock", "step_00000005.h5"]:
-            fail(f"full disk: files left {left}, expected the lock and step 5 only")
-        print(f"ok  full disk: exit 1: {first_line(p.stderr)}")
+            fail(f"{label}: files left {left}, expected the lock and step 5 only")
+        print(f"ok  {label}: exit 1: {first_line(p.stderr)}")
     finally:
         subprocess.run(["umount", mnt])
 
