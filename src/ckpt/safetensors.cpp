@@ -222,7 +222,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(header.data(), std::streamsize(header.size()));
     for (const NamedTensor& t : tensors)
-      out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * 4));
+      if (!t.data.empty()) out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * 4));
     out.flush();
     if (!out) {
       const int err = errno;
@@ -318,13 +318,13 @@ SafetensorsFile read_safetensors(const std::string& path) {
     const Range& r = ranges[i];
     raw.resize(size_t(r.end - r.begin));
     in.seekg(std::streamoff(8 + n + r.begin));
-    if (!in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size())))
+    if (!raw.empty() && !in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size())))
       throw UserError(cat(path, ": tensor '", t.name, "' cannot be read (truncated file)"));
     const std::string& dt = dtypes[i].second;
     const unsigned char* p = raw.data();
     if (dt == "F32") {
       t.data.resize(raw.size() / 4);
-      std::memcpy(t.data.data(), p, raw.size());
+      if (!raw.empty()) std::memcpy(t.data.data(), p, raw.size());
     } else if (dt == "F64") {
       t.data.resize(raw.size() / 8);
       for (size_t k = 0; k < t.data.size(); ++k) t.data[k] = float(std::bit_cast<double>(load<uint64_t>(p + 8 * k)));
