@@ -19,6 +19,20 @@
 
 namespace piper::fuzz {
 
+// A file of this process for targets that read files: in $TMPDIR, else /dev/shm, else /tmp.
+inline std::string input_path(const std::string& tag, const std::string& ext) {
+  const char* dir = std::getenv("TMPDIR");
+  std::string d = dir && *dir ? dir : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+  return d + "/piper-fuzz-" + tag + "-" + std::to_string(getpid()) + ext;
+}
+
+inline void write_input(const std::string& path, const uint8_t* data, size_t size) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw SystemError("cannot write " + path);
+  const bool written = std::fwrite(data, 1, size, f) == size;
+  if (std::fclose(f) != 0 || !written) throw SystemError("cannot write " + path);
+}
+
 // The job-file loader: any text ends in a JobSpec or a UserError; any other exception escapes. Lines
 // "#set KEY=VALUE" (TOML comments) are also given as --set overrides, so that those are fuzzed too.
 inline void job(const uint8_t* data, size_t size) {
@@ -60,15 +74,8 @@ inline void plan(const uint8_t* data, size_t size) {
 // The checkpoint check: any file ends in a CheckpointInfo or a UserError that names it. The bytes go to a
 // file of this process in $TMPDIR (or /dev/shm, or /tmp), which verify_checkpoint reads.
 inline void ckpt(const uint8_t* data, size_t size) {
-  static const std::string path = [] {
-    const char* dir = std::getenv("TMPDIR");
-    std::string d = dir && *dir ? dir : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-    return d + "/piper-fuzz-ckpt-" + std::to_string(getpid()) + ".h5";
-  }();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw SystemError("cannot write " + path);
-  const bool written = std::fwrite(data, 1, size, f) == size;
-  if (std::fclose(f) != 0 || !written) throw SystemError("cannot write " + path);
+  static const std::string path = input_path("ckpt", ".h5");
+  write_input(path, data, size);
   try {
     CheckpointInfo info = verify_checkpoint(path);
     (void)info;
@@ -79,15 +86,8 @@ inline void ckpt(const uint8_t* data, size_t size) {
 
 // The safetensors reader (piper-ckpt import): any file ends in its tensors or a UserError that names it.
 inline void safetensors(const uint8_t* data, size_t size) {
-  static const std::string path = [] {
-    const char* dir = std::getenv("TMPDIR");
-    std::string d = dir && *dir ? dir : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-    return d + "/piper-fuzz-st-" + std::to_string(getpid()) + ".safetensors";
-  }();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw SystemError("cannot write " + path);
-  const bool written = std::fwrite(data, 1, size, f) == size;
-  if (std::fclose(f) != 0 || !written) throw SystemError("cannot write " + path);
+  static const std::string path = input_path("st", ".safetensors");
+  write_input(path, data, size);
   try {
     SafetensorsFile st = read_safetensors(path);
     (void)st;
