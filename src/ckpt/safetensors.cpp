@@ -27,7 +27,8 @@ namespace {
 struct Json {
   enum Kind { Object, Array, String, Number, Literal } kind = Literal;
   std::string text;                                  // String: the value; Number/Literal: as written
-  std::vector<std::pair<std::string, Json>> members;  // Object
+  std::vector<std::string> keys;                     // Object: keys[i] names values[i]
+  std::vector<Json> values;
   std::vector<Json> items;                           // Array
 };
 
@@ -111,7 +112,8 @@ class JsonParser {
       while (true) {
         std::string key = string();
         expect(':');
-        v.members.emplace_back(key, value(depth + 1));
+        v.keys.push_back(key);
+        v.values.push_back(value(depth + 1));
         skip();
         if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
         expect('}');
@@ -265,22 +267,25 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::vector<Range> ranges;
   std::vector<std::pair<std::string, std::string>> dtypes;  // name, dtype
   std::vector<uint64_t> begins;
-  for (const auto& [name, v] : doc.members) {
+  for (size_t m = 0; m < doc.keys.size(); ++m) {
+    const std::string& name = doc.keys[m];
+    const Json& v = doc.values[m];
     if (name == "__metadata__") {
       if (v.kind != Json::Object) throw UserError(cat(path, ": __metadata__ is not an object"));
-      for (const auto& [k, s] : v.members) {
-        if (s.kind != Json::String) throw UserError(cat(path, ": __metadata__ value '", k, "' is not a string"));
-        out.metadata[k] = s.text;
+      for (size_t k = 0; k < v.keys.size(); ++k) {
+        if (v.values[k].kind != Json::String)
+          throw UserError(cat(path, ": __metadata__ value '", v.keys[k], "' is not a string"));
+        out.metadata[v.keys[k]] = v.values[k].text;
       }
       continue;
     }
     auto where = [&](const std::string& what) { return UserError(cat(path, ": tensor '", name, "': ", what)); };
     if (v.kind != Json::Object) throw where("its entry is not an object");
     const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
-    for (const auto& [k, f] : v.members) {
-      if (k == "dtype") dtype = &f;
-      else if (k == "shape") shape = &f;
-      else if (k == "data_offsets") offsets = &f;
+    for (size_t k = 0; k < v.keys.size(); ++k) {
+      if (v.keys[k] == "dtype") dtype = &v.values[k];
+      else if (v.keys[k] == "shape") shape = &v.values[k];
+      else if (v.keys[k] == "data_offsets") offsets = &v.values[k];
     }
     if (!dtype || dtype->kind != Json::String) throw where("no dtype string");
     if (!shape || shape->kind != Json::Array) throw where("no shape array");
