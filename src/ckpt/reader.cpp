@@ -120,11 +120,18 @@ bool CheckpointReader::has_tensor(const std::string& path) const {
 }
 
 std::vector<float> CheckpointReader::read(const std::string& path) const {
-  if (!has_tensor(path)) throw UserError(cat(path_, ": no tensor '", path, "' (piper-ckpt ls lists them)"));
+  // Each step of the path must exist before H5Dopen2 may look at it (it fails, quietly, on a missing group).
+  for (size_t at = path.find('/'); ; at = path.find('/', at + 1)) {
+    const std::string prefix = path.substr(0, at);
+    if (H5Lexists(hid_t(file_), prefix.c_str(), H5P_DEFAULT) <= 0)
+      throw UserError(cat(path_, ": no tensor '", path, "' (piper-ckpt ls lists them)"));
+    if (at == std::string::npos) break;
+  }
   h5::Handle ds(H5Dopen2(hid_t(file_), path.c_str(), H5P_DEFAULT), H5Dclose);
   h5::Handle type(ds.id < 0 ? -1 : H5Dget_type(ds), H5Tclose);
   h5::Handle space(ds.id < 0 ? -1 : H5Dget_space(ds), H5Sclose);
-  if (type.id < 0 || space.id < 0) throw UserError(cat(path_, ": tensor '", path, "' cannot be opened"));
+  if (ds.id < 0 || type.id < 0 || space.id < 0)
+    throw UserError(cat(path_, ": '", path, "' cannot be opened as a tensor (not a dataset, or a damaged file)"));
   if (H5Tequal(type, H5T_IEEE_F32LE) <= 0)
     throw UserError(cat(path_, ": tensor '", path, "' is not float32 (a checkpoint holds only float32)"));
   const hssize_t n = H5Sget_simple_extent_npoints(space);

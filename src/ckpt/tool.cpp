@@ -247,9 +247,11 @@ int cmd_diff(const Args& a) {
     if (beyond) ++differing;
     std::printf("%-48s %14.6g %14.6g %12lld\n", p.c_str(), max_abs, max_rel, static_cast<long long>(beyond));
   }
+  std::map<std::string, std::string> b_attrs;
+  for (const auto& at : B.attributes()) b_attrs[at.name] = at.value;
   for (const auto& at : A.attributes()) {
     if (at.name == "checksum") continue;
-    std::string other = B.attribute(at.name, "<absent>");
+    const std::string other = b_attrs.count(at.name) ? b_attrs.at(at.name) : "<absent>";
     if (other != at.value && at.value.find('\n') == std::string::npos)
       std::printf("attribute %s: %s against %s\n", at.name.c_str(), at.value.c_str(), other.c_str());
   }
