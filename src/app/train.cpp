@@ -222,6 +222,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
       if (int code = saver.save(ex, step + 1)) return code;
       last_saved = step + 1;
+    } else if (int code = saver.poll()) {  // an asynchronous checkpoint whose writes are done gets its name
+      return code;
     }
   }
   if (!plan.checkpoint_dir.empty() && end > start && last_saved != end) {

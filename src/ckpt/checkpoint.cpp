@@ -1,5 +1,5 @@
-// Checkpoint save (gather owned slices on rank 0, write a temporary HDF5 file, fsync, verify, rename) and
-// load (each rank reads the hyperslabs it holds). Datasets are chunked with the Fletcher32 checksum filter.
+// Checkpoint save (every rank writes the slices it owns into one temporary HDF5 file, which rank 0 checks
+// and renames; parallel_save.hpp) and load (each rank reads the hyperslabs it holds).
 #include "ckpt/checkpoint.hpp"
 
 #include <fcntl.h>
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "ckpt/file_writer.hpp"
 #include "ckpt/folder.hpp"
 #include "ckpt/hdf5_util.hpp"
+#include "ckpt/parallel_save.hpp"
 #include "ckpt/verify.hpp"
 #include "ckpt/resume_check.hpp"
 #include "util/error.hpp"
@@ -150,55 +152,6 @@ std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
 
 namespace {
 
-// Collective over `comm`: every rank's owned slices reach rank 0, which hands each parameter's three
-// complete tensors (params, adam_m, adam_v), in parameter order, to `take`. Other ranks only send.
-template <typename Take>
-void gather_state(Executor& ex, MPI_Comm comm, Take take) {
-  const Plan& plan = ex.plan();
-  Kernels& k = ex.backend().kernels();
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  std::vector<Piece> mine = owned_pieces(ex);
-  // Who sends what: every rank's piece list reaches rank 0.
-  std::vector<int64_t> meta;
-  for (const auto& p : mine) meta.insert(meta.end(), {p.param, p.start, p.count});
-  Gathered<int64_t> all = gather_to_root(meta, comm);
-  std::vector<float> staging;
-  if (rank != 0) {
-    for (const auto& p : mine)
-      for (int t = 0; t < 3; ++t) {
-        staging.resize(size_t(p.count));
-        k.download(staging.data(), p.src[t], size_t(p.count) * sizeof(float));
-        MPI_CHECK(MPI_Send(staging.data(), int(p.count), MPI_FLOAT, 0, t, comm));
-      }
-    return;
-  }
-  // Rank 0: pieces by parameter, each from its rank in start order.
-  struct From { int rank; int64_t start, count; };
-  std::map<int64_t, std::vector<From>> by_param;
-  for (int r = 0; r < size; ++r)
-    for (const int64_t* e = all.begin(r); e < all.end(r); e += 3) by_param[e[0]].push_back({r, e[1], e[2]});
-  std::map<std::pair<int64_t, int64_t>, const Piece*> local;
-  for (const auto& p : mine) local[{p.param, p.start}] = &p;
-  for (size_t pi = 0; pi < plan.params.size(); ++pi) {
-    const ParamSpec& spec = plan.params[pi];
-    std::array<std::vector<float>, 3> full;
-    for (auto& f : full) f.assign(size_t(spec.numel), 0.f);
-    int64_t covered = 0;
-    for (const From& fr : by_param[int64_t(pi)]) {
-      for (int t = 0; t < 3; ++t) {
-        float* dst = full[size_t(t)].data() + fr.start;
-        if (fr.rank == 0) k.download(dst, local.at({int64_t(pi), fr.start})->src[t], size_t(fr.count) * sizeof(float));
-        else MPI_CHECK(MPI_Recv(dst, int(fr.count), MPI_FLOAT, fr.rank, t, comm, MPI_STATUS_IGNORE));
-      }
-      covered += fr.count;
-    }
-    PIPER_CHECK(covered == spec.numel, "checkpoint of ", spec.name, " covers ", covered, " of ", spec.numel, " elements");
-    take(spec, full);
-  }
-}
-
 CheckpointHeader header_of(const Plan& plan, int64_t steps_done) {
   return {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan)};
 }
@@ -209,37 +162,47 @@ void report_failed_save(int64_t steps_done, const std::string& failure) {
   std::fflush(stderr);
 }
 
+// This rank's slices of the three groups, in the order of `pieces` (three per piece).
+std::vector<SaveSlice> slices_of(const std::vector<Piece>& pieces) {
+  std::vector<SaveSlice> out;
+  for (const Piece& p : pieces)
+    for (int32_t g = 0; g < 3; ++g) out.push_back({g, p.param, p.start, p.count});
+  return out;
+}
+
+// Collective: every rank writes its own slices into the one file (parallel_save.hpp), straight from the
+// state through a 16 MiB host staging buffer.
+int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm comm) {
+  const std::vector<Piece> pieces = owned_pieces(ex);
+  ParallelCheckpointWrite w(checkpoint_path(dir, steps_done), header_of(ex.plan(), steps_done), ex.plan().params,
+                            slices_of(pieces), comm);
+  if (int code = w.begin_code()) {
+    if (ex.plan().rank == 0) report_failed_save(steps_done, w.failure());
+    return code;
+  }
+  Kernels& k = ex.backend().kernels();
+  w.write_local([&](size_t slice, int64_t at, int64_t count, float* dst) {
+    k.download(dst, pieces[slice / 3].src[slice % 3] + at, size_t(count) * sizeof(float));
+  });
+  const int code = w.complete();
+  if (code != 0 && ex.plan().rank == 0) report_failed_save(steps_done, w.failure());
+  return code;
+}
+
 }  // namespace
 
 int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm comm;
-  MPI_CHECK(MPI_Comm_dup(world, &comm));
-  std::unique_ptr<CheckpointFileWriter> file;
-  if (rank == 0) file = std::make_unique<CheckpointFileWriter>(checkpoint_path(dir, steps_done), header_of(ex.plan(), steps_done));
-  // Rank 0 writes each parameter as it arrives: it holds one parameter's tensors at a time.
-  gather_state(ex, comm, [&](const ParamSpec& spec, const std::array<std::vector<float>, 3>& full) {
-    for (int t = 0; t < 3; ++t) file->tensor(t, spec.name, spec.shape, full[size_t(t)].data(), full[size_t(t)].size());
-  });
-  int code = 0;
-  if (rank == 0 && (code = file->finish()) != 0) report_failed_save(steps_done, file->failure());
-  // Every rank learns rank 0's outcome: 0, or the exit code of a failed save.
-  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm));
-  MPI_Comm_free(&comm);
-  return code;
+  return write_now(ex, steps_done, dir, world);
 }
 
 // ---- CheckpointSaver ----
 
 struct CheckpointSaver::Pending {
   int64_t steps_done = 0;
-  CheckpointHeader header;
-  std::vector<ParamSpec> specs;
-  std::vector<std::array<std::vector<float>, 3>> tensors;
+  std::unique_ptr<ParallelCheckpointWrite> write;
+  std::vector<std::vector<float>> copies;  // this rank's slices, in host memory
   std::thread writer;
-  int code = 0;
-  std::string failure;
+  std::atomic<bool> written{false};
 };
 
 CheckpointSaver::CheckpointSaver(std::string dir, int keep, bool async, MPI_Comm world)
@@ -250,67 +213,67 @@ CheckpointSaver::CheckpointSaver(std::string dir, int keep, bool async, MPI_Comm
 
 CheckpointSaver::~CheckpointSaver() {
   if (pending_ && pending_->writer.joinable()) pending_->writer.join();  // an error path: no collective here
+  pending_.reset();
   MPI_Comm_free(&comm_);
 }
 
-int CheckpointSaver::wait_rank0() {
+int CheckpointSaver::complete_pending() {
   if (!pending_) return 0;
   pending_->writer.join();
-  const int code = pending_->code;
-  if (code != 0) report_failed_save(pending_->steps_done, pending_->failure);
+  const int code = pending_->write->complete();
+  if (rank_ == 0) {
+    if (code != 0) report_failed_save(pending_->steps_done, pending_->write->failure());
+    else prune_checkpoints(dir_, keep_, checkpoint_path(dir_, pending_->steps_done));
+  }
   pending_.reset();
   return code;
 }
 
 int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
   if (!async_) {
-    int code = save_checkpoint(ex, steps_done, dir_, comm_);
+    int code = write_now(ex, steps_done, dir_, comm_);
     if (code == 0 && rank_ == 0) prune_checkpoints(dir_, keep_, checkpoint_path(dir_, steps_done));
     return code;
   }
   // The previous file must be complete before this one starts (and before its failure could go unseen).
-  int code = rank_ == 0 ? wait_rank0() : 0;
-  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm_));
-  if (code != 0) return code;
+  if (int code = complete_pending()) return code;
+  const std::vector<Piece> pieces = owned_pieces(ex);
   auto p = std::make_unique<Pending>();
   p->steps_done = steps_done;
-  // The step's copy of the state: every rank's slices into rank 0's host memory, then training goes on.
-  gather_state(ex, comm_, [&](const ParamSpec& spec, std::array<std::vector<float>, 3>& full) {
-    p->specs.push_back(spec);
-    p->tensors.push_back(std::move(full));
-  });
-  if (rank_ != 0) return 0;
-  p->header = header_of(ex.plan(), steps_done);
-  Pending* raw = p.get();
-  const std::string dir = dir_;
-  const int keep = keep_;
-  raw->writer = std::thread([raw, dir, keep] {
-    try {
-      CheckpointFileWriter file(checkpoint_path(dir, raw->steps_done), raw->header);
-      for (size_t i = 0; i < raw->specs.size(); ++i)
-        for (int t = 0; t < 3; ++t)
-          file.tensor(t, raw->specs[i].name, raw->specs[i].shape, raw->tensors[i][size_t(t)].data(),
-                      raw->tensors[i][size_t(t)].size());
-      raw->code = file.finish();
-      raw->failure = file.failure();
-      if (raw->code == 0) prune_checkpoints(dir, keep, checkpoint_path(dir, raw->steps_done));
-    } catch (const std::exception& e) {
-      raw->code = kExitFailure;
-      raw->failure = e.what();
+  p->write = std::make_unique<ParallelCheckpointWrite>(checkpoint_path(dir_, steps_done), header_of(ex.plan(), steps_done),
+                                                       ex.plan().params, slices_of(pieces), comm_);
+  if (int code = p->write->begin_code()) {
+    if (rank_ == 0) report_failed_save(steps_done, p->write->failure());
+    return code;
+  }
+  // The step's copy of this rank's slices (host memory of the size of its own share), then training goes on.
+  Kernels& k = ex.backend().kernels();
+  for (const Piece& piece : pieces)
+    for (int t = 0; t < 3; ++t) {
+      p->copies.emplace_back(size_t(piece.count));
+      k.download(p->copies.back().data(), piece.src[t], size_t(piece.count) * sizeof(float));
     }
-    raw->tensors.clear();
-    raw->tensors.shrink_to_fit();
+  Pending* raw = p.get();
+  raw->writer = std::thread([raw] {
+    raw->write->write_local([raw](size_t slice, int64_t at, int64_t count, float* dst) {
+      std::memcpy(dst, raw->copies[slice].data() + at, size_t(count) * sizeof(float));
+    });
+    raw->copies.clear();
+    raw->copies.shrink_to_fit();
+    raw->written = true;
   });
   pending_ = std::move(p);
   return 0;
 }
 
-int CheckpointSaver::finish() {
-  if (!async_) return 0;
-  int code = rank_ == 0 ? wait_rank0() : 0;
-  MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, comm_));
-  return code;
+int CheckpointSaver::poll() {
+  if (!pending_) return 0;
+  int mine = pending_->written ? 1 : 0, all = 0;
+  MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm_));
+  return all ? complete_pending() : 0;
 }
+
+int CheckpointSaver::finish() { return complete_pending(); }
 
 namespace {
 

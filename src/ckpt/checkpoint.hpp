@@ -1,7 +1,7 @@
 // HDF5 checkpoints: logical (unsharded) tensors by name — parameters and AdamW moments — plus the step,
 // data position, seed, job text, layout and a checksum as attributes (docs/checkpoint-format.md). Saving
-// gathers each rank's owned slices on rank 0, which writes a temporary file, syncs and verifies it and
-// renames it; loading lets every rank read exactly the ranges it holds, under any strategy.
+// lets every rank write the slices it owns into one temporary file, which rank 0 completes and renames;
+// loading lets every rank read exactly the ranges it holds, under any strategy.
 #pragma once
 #include <mpi.h>
 
@@ -15,18 +15,20 @@
 
 namespace piper {
 
-// Collective over `world`. `steps_done` is the number of completed steps (the next step to run). Rank 0
-// writes `dir/.step_N.h5.tmp`, fsyncs it, verifies it, renames it to step_N.h5 and fsyncs `dir`. Returns
-// 0 on every rank, or the exit code of a failed save after rank 0 printed why: kExitFailure for a write
-// error (a full disk: "No space left on device", naming the file), kExitNonFinite when a tensor holds a
-// non-finite value. The temporary file is then removed; older checkpoints are untouched.
+// Collective over `world`. `steps_done` is the number of completed steps (the next step to run). Every
+// rank writes the slices it owns into `dir/.step_N.h5.tmp` (parallel_save.hpp); rank 0 completes it,
+// renames it to step_N.h5 and fsyncs `dir`. Returns 0 on every rank, or the exit code of a failed save
+// after rank 0 printed why: kExitFailure for a write error (a full disk: "No space left on device", naming
+// the file), kExitNonFinite when a tensor holds a non-finite value. The temporary file is then removed;
+// older checkpoints are untouched.
 [[nodiscard]] int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world);
 
 // Saves a run's checkpoints into `dir` and prunes them to `keep` (0: all). Synchronous: save() returns once
-// the file is written, verified and renamed. Asynchronous: save() copies the state into rank 0's host memory
-// (the same gather) and returns; a thread of rank 0 writes, verifies, renames and prunes while training goes
-// on. The next save() and finish() first wait for that thread: a failed write surfaces there, as the exit
-// code of the call on every rank. The rename still happens only when the file is complete and verified.
+// the file is written, checked and renamed. Asynchronous: save() lays the file out, copies each rank's own
+// slices into its host memory and returns; a thread of every rank writes them while training goes on, and
+// the file is completed (checksums, rename, pruning) by the first poll() after every rank's thread is done,
+// or by the next save() or finish(), which wait for it. A failed write surfaces there, as the exit code of
+// the call on every rank. The rename still happens only when the file is complete.
 class CheckpointSaver {
  public:
   CheckpointSaver(std::string dir, int keep, bool async, MPI_Comm world);
@@ -35,12 +37,15 @@ class CheckpointSaver {
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
   // Collective. 0, or the exit code of a failed save (this one, or the previous asynchronous one).
   [[nodiscard]] int save(Executor& ex, int64_t steps_done);
-  // Collective. Waits for the asynchronous write still running; 0 or its exit code.
+  // Collective, once a step: completes an asynchronous save whose writes are done on every rank; 0 or its
+  // exit code. Without a save in flight it does nothing (and communicates nothing).
+  [[nodiscard]] int poll();
+  // Collective. Waits for the asynchronous write still running and completes it; 0 or its exit code.
   [[nodiscard]] int finish();
 
  private:
   struct Pending;
-  int wait_rank0();
+  int complete_pending();
   std::string dir_;
   int keep_ = 0;
   bool async_ = false;

@@ -29,6 +29,77 @@ void Fnv1a64::add_string(const std::string& s) {
 }
 
 namespace {
+constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull, kFnvPrime = 0x100000001b3ull;
+
+uint64_t combine_lanes(const uint64_t* lanes) {
+  Fnv1a64 h;
+  for (int j = 0; j < 8; ++j) h.add_u64(lanes[j]);
+  return h.value();
+}
+
+// Lane j of `lanes` takes the bytes at positions j mod 8; `at` is the position of data[0] in the block.
+void add_to_lanes(uint64_t* lanes, uint64_t at, const unsigned char* p, size_t n) {
+  size_t i = 0;
+  for (; i < n && (at + i) % 8 != 0; ++i) lanes[(at + i) % 8] = (lanes[(at + i) % 8] ^ p[i]) * kFnvPrime;
+  uint64_t l0 = lanes[0], l1 = lanes[1], l2 = lanes[2], l3 = lanes[3], l4 = lanes[4], l5 = lanes[5], l6 = lanes[6],
+           l7 = lanes[7];
+  for (; i + 8 <= n; i += 8) {  // eight independent multiply chains
+    l0 = (l0 ^ p[i]) * kFnvPrime;
+    l1 = (l1 ^ p[i + 1]) * kFnvPrime;
+    l2 = (l2 ^ p[i + 2]) * kFnvPrime;
+    l3 = (l3 ^ p[i + 3]) * kFnvPrime;
+    l4 = (l4 ^ p[i + 4]) * kFnvPrime;
+    l5 = (l5 ^ p[i + 5]) * kFnvPrime;
+    l6 = (l6 ^ p[i + 6]) * kFnvPrime;
+    l7 = (l7 ^ p[i + 7]) * kFnvPrime;
+  }
+  lanes[0] = l0, lanes[1] = l1, lanes[2] = l2, lanes[3] = l3, lanes[4] = l4, lanes[5] = l5, lanes[6] = l6, lanes[7] = l7;
+  for (; i < n; ++i) lanes[(at + i) % 8] = (lanes[(at + i) % 8] ^ p[i]) * kFnvPrime;
+}
+
+}  // namespace
+
+uint64_t block_hash(const void* data, size_t n) {
+  uint64_t lanes[8];
+  std::fill(lanes, lanes + 8, kFnvBasis);
+  add_to_lanes(lanes, 0, static_cast<const unsigned char*>(data), n);
+  return combine_lanes(lanes);
+}
+
+uint64_t checksum_block_elements(uint64_t numel) {
+  constexpr uint64_t kUnit = uint64_t(1) << 20, kMaxBlocks = 4096;
+  const uint64_t need = (numel + kMaxBlocks - 1) / kMaxBlocks;
+  return need <= kUnit ? kUnit : (need + kUnit - 1) / kUnit * kUnit;
+}
+
+uint64_t checksum_block_count(uint64_t numel, uint64_t block_elements) {
+  return numel == 0 ? 1 : (numel + block_elements - 1) / block_elements;
+}
+
+void BlockHasher::reset_lanes() { std::fill(lanes_, lanes_ + 8, kFnvBasis); }
+
+void BlockHasher::close_block() {
+  hashes_.push_back(combine_lanes(lanes_));
+  reset_lanes();
+  at_ = 0;
+}
+
+void BlockHasher::add(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const size_t take = size_t(std::min<uint64_t>(n, block_bytes_ - at_));
+    add_to_lanes(lanes_, at_, p, take);
+    at_ += take, p += take, n -= take;
+    if (at_ == block_bytes_) close_block();
+  }
+}
+
+std::vector<uint64_t> BlockHasher::finish() {
+  if (at_ > 0 || hashes_.empty()) close_block();
+  return std::move(hashes_);
+}
+
+namespace {
 
 // One attribute: its name, a type letter ('i' integer, 'f' float, 's' string), its element count, then
 // each element (integers as int64, floats as float64, both little-endian; strings as add_string).
@@ -90,7 +161,13 @@ uint64_t checkpoint_checksum(hid_t file, std::vector<DatasetDigest> datasets) {
     h.add_u64(d.dims.size());
     for (uint64_t n : d.dims) h.add_u64(n);
     h.add_u64(d.element_size);
-    h.add_u64(d.bytes_hash);
+    if (d.block_elements == 0) {
+      h.add_u64(d.bytes_hash);
+      continue;
+    }
+    h.add_u64(d.block_elements);
+    h.add_u64(d.block_hashes.size());
+    for (uint64_t b : d.block_hashes) h.add_u64(b);
   }
   return h.value();
 }

@@ -1,5 +1,5 @@
-// Writing a checkpoint file's parts (see file_writer.hpp): root attributes, chunked Fletcher32 tensors,
-// fsync, failure messages, and cleaning up after a failed write.
+// Writing a checkpoint file's parts (see file_writer.hpp): root attributes, contiguous tensors with their
+// block checksums, fsync, failure messages, and cleaning up after a failed write.
 #include "ckpt/file_writer.hpp"
 
 #include <fcntl.h>
@@ -41,26 +41,51 @@ void write_checkpoint_header(hid_t file, const CheckpointHeader& h) {
   h5::write_attr_str(file, "data_hash", h.record.data_hash);
 }
 
-DatasetDigest write_checkpoint_tensor(hid_t group, const char* group_name, const std::string& name,
-                                      const std::vector<int64_t>& shape, const float* data) {
+hid_t create_checkpoint_file(const std::string& path) {
+  Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  H5_CHECK(H5Pset_fapl_sec2(fapl));  // the POSIX driver: its errors carry errno
+  H5_CHECK(H5Pset_alignment(fapl, 64 << 10, 4096));  // tensors of 64 KiB and more start on a 4 KiB page
+  return H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+}
+
+hid_t create_checkpoint_tensor(hid_t group, const std::string& name, const std::vector<int64_t>& shape) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
-  hsize_t cols = 1, numel = 1;
-  for (size_t i = 0; i < dims.size(); ++i) numel *= dims[i], cols *= i ? dims[i] : 1;
-  std::vector<hsize_t> chunk = dims;
-  if (!chunk.empty())
-    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t(1) << 20) / std::max<hsize_t>(1, cols)));
+  uint64_t numel = 1;
+  for (hsize_t d : dims) numel *= d;
   Handle space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
   Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
-  H5_CHECK(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()));
-  H5_CHECK(H5Pset_fletcher32(dcpl));
+  H5_CHECK(H5Pset_layout(dcpl, H5D_CONTIGUOUS));
+  H5_CHECK(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));  // its place in the file is known before any write
+  H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));    // and nothing is written there but the tensor
   Handle ds(H5_CHECK(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)),
             H5Dclose);
-  H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  const uint64_t block = checksum_block_elements(numel);
+  h5::write_attr_i64(ds, kBlockElementsAttribute, int64_t(block));
+  // A placeholder of the final length: writing the hashes later overwrites it in place.
+  h5::write_attr_u64s(ds, kBlockHashesAttribute, std::vector<uint64_t>(checksum_block_count(numel, block), 0));
+  return std::exchange(ds.id, -1);
+}
+
+DatasetDigest tensor_digest(const char* group_name, const std::string& name, const std::vector<int64_t>& shape,
+                            std::vector<uint64_t> block_hashes) {
+  uint64_t numel = 1;
+  for (int64_t d : shape) numel *= uint64_t(d);
+  DatasetDigest d{cat(group_name, "/", name), std::vector<uint64_t>(shape.begin(), shape.end()), sizeof(float), 0,
+                  checksum_block_elements(numel), std::move(block_hashes)};
+  return d;
+}
+
+DatasetDigest write_checkpoint_tensor(hid_t group, const char* group_name, const std::string& name,
+                                      const std::vector<int64_t>& shape, const float* data) {
+  Handle ds(create_checkpoint_tensor(group, name, shape), H5Dclose);
+  uint64_t numel = 1;
+  for (int64_t d : shape) numel *= uint64_t(d);
+  if (numel > 0) H5_CHECK(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  BlockHasher hasher(checksum_block_elements(numel) * sizeof(float));
+  hasher.add(data, size_t(numel) * sizeof(float));
+  DatasetDigest d = tensor_digest(group_name, name, shape, hasher.finish());
+  h5::write_attr_u64s(ds, kBlockHashesAttribute, d.block_hashes);
   H5_CHECK(ds.close());
-  DatasetDigest d{cat(group_name, "/", name), std::vector<uint64_t>(dims.begin(), dims.end()), sizeof(float), 0};
-  Fnv1a64 h;
-  h.add(data, size_t(numel) * sizeof(float));
-  d.bytes_hash = h.value();
   return d;
 }
 
@@ -112,9 +137,7 @@ CheckpointFileWriter::CheckpointFileWriter(const std::string& final_path, const 
   h5::quiet();
   try {
     fs::create_directories(dir);
-    Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
-    H5_CHECK(H5Pset_fapl_sec2(fapl));  // the POSIX driver: its errors carry errno
-    file_ = H5_CHECK(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    file_ = create_checkpoint_file(tmp_path_);
     write_checkpoint_header(hid_t(file_), header);
     for (int t = 0; t < 3; ++t)
       groups_[t] = H5_CHECK(H5Gcreate2(hid_t(file_), kGroupNames[t], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));

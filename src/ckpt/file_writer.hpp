@@ -1,5 +1,5 @@
 // The file-level pieces of writing a checkpoint, shared by piper's save and piper-ckpt import: the root
-// attributes, one chunked Fletcher32 tensor, fsync, and turning a failed write into a message for people.
+// attributes, contiguous tensors with block checksums, fsync, and turning a failed write into a message.
 #pragma once
 #include <hdf5.h>
 
@@ -23,8 +23,21 @@ struct CheckpointHeader {
 };
 void write_checkpoint_header(hid_t file, const CheckpointHeader& h);
 
-// Writes `data` (numel(shape) float32 values) as group/name, chunked by whole rows with Fletcher32;
-// returns its share of the checksum. Throws h5::Error on a failed HDF5 call.
+// Creates a checkpoint file (truncating one of that name) with the POSIX driver; tensors of 64 KiB and
+// more start on a 4 KiB boundary.
+hid_t create_checkpoint_file(const std::string& path);
+
+// Creates group/name: float32 little-endian, contiguous, its storage allocated now (H5Dget_offset gives
+// its place in the file) and never filled, with the attribute `checksum_block` and a zero placeholder of
+// `checksum_fnv1a64x8` of the final length. Returns the open dataset. Throws h5::Error.
+hid_t create_checkpoint_tensor(hid_t group, const std::string& name, const std::vector<int64_t>& shape);
+
+// A tensor's share of the checksum, from its block hashes.
+DatasetDigest tensor_digest(const char* group_name, const std::string& name, const std::vector<int64_t>& shape,
+                            std::vector<uint64_t> block_hashes);
+
+// Writes `data` (numel(shape) float32 values) as group/name with its block hashes; returns its share of
+// the checksum. Throws h5::Error on a failed HDF5 call.
 DatasetDigest write_checkpoint_tensor(hid_t group, const char* group_name, const std::string& name,
                                       const std::vector<int64_t>& shape, const float* data);
 

@@ -80,6 +80,36 @@ void write_attr_str(hid_t obj, const char* name, const std::string& v) {
   H5_CHECK(H5Awrite(a, type, &p));
 }
 
+void write_attr_u64s(hid_t obj, const char* name, const std::vector<uint64_t>& v) {
+  if (H5Aexists(obj, name) > 0) {  // rewritten in place when it has the same size (no new file space)
+    Handle a(H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT)), H5Aclose);
+    Handle space(H5_CHECK(H5Aget_space(a)), H5Sclose);
+    if (H5Sget_simple_extent_npoints(space) == hssize_t(v.size())) {
+      H5_CHECK(H5Awrite(a, H5T_NATIVE_UINT64, v.data()));
+      return;
+    }
+    H5_CHECK(a.close());
+    H5_CHECK(H5Adelete(obj, name));
+  }
+  const hsize_t n = v.size();
+  Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
+  Handle a(H5_CHECK(H5Acreate2(obj, name, H5T_STD_U64LE, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  H5_CHECK(H5Awrite(a, H5T_NATIVE_UINT64, v.data()));
+}
+
+bool read_attr_u64s(hid_t obj, const char* name, std::vector<uint64_t>& v) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (a.id < 0) throw UserError(cat("attribute '", name, "' cannot be opened"));
+  Handle type(H5Aget_type(a), H5Tclose), space(H5Aget_space(a), H5Sclose);
+  const hssize_t n = space.id < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+  if (type.id < 0 || H5Tget_class(type) != H5T_INTEGER || n < 0 || H5Sget_simple_extent_ndims(space) > 1)
+    throw UserError(cat("attribute '", name, "' is not a list of integers"));
+  v.resize(size_t(n));
+  if (n > 0 && H5Aread(a, H5T_NATIVE_UINT64, v.data()) < 0) throw UserError(cat("attribute '", name, "' cannot be read"));
+  return true;
+}
+
 namespace {
 
 // Opens a scalar attribute of the given type class; -1 when it is missing.

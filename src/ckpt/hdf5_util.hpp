@@ -55,6 +55,10 @@ std::vector<std::string> attribute_names(hid_t obj);
 
 void write_attr_i64(hid_t obj, const char* name, int64_t v);
 void write_attr_str(hid_t obj, const char* name, const std::string& v);
+// A 1-D uint64 attribute; an existing one of the same length is overwritten in place.
+void write_attr_u64s(hid_t obj, const char* name, const std::vector<uint64_t>& v);
+// False when missing; UserError when it is not a 1-D (or scalar) integer attribute.
+bool read_attr_u64s(hid_t obj, const char* name, std::vector<uint64_t>& v);
 
 // Read a scalar attribute. False when it is missing; UserError (without a file name) when it has
 // another type or cannot be read.

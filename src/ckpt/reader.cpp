@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "ckpt/checksum.hpp"
 #include "ckpt/hdf5_util.hpp"
 #include "util/error.hpp"
 
@@ -142,6 +143,22 @@ std::vector<float> CheckpointReader::read(const std::string& path) const {
   if (n > 0 && H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     throw UserError(cat(path_, ": tensor '", path, "' cannot be read: its data is damaged (checksum mismatch) or the ",
                         "file is truncated"));
+  // Format version 3 records a hash of every block: a tensor that does not match them is not returned.
+  int64_t block = 0;
+  std::vector<uint64_t> recorded;
+  bool blocks = false;
+  try {
+    blocks = h5::read_attr_i64(ds, kBlockElementsAttribute, block) && h5::read_attr_u64s(ds, kBlockHashesAttribute, recorded);
+  } catch (const UserError& e) {
+    throw UserError(cat(path_, ": tensor '", path, "': ", e.what()));
+  }
+  if (blocks) {
+    if (block <= 0) throw UserError(cat(path_, ": tensor '", path, "' has a block size of ", block, " (damaged)"));
+    BlockHasher hasher(uint64_t(block) * sizeof(float));
+    hasher.add(v.data(), v.size() * sizeof(float));
+    if (hasher.finish() != recorded)
+      throw UserError(cat(path_, ": tensor '", path, "' is damaged (checksum mismatch): its values do not match their recorded block hashes"));
+  }
   return v;
 }
 

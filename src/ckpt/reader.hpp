@@ -17,7 +17,7 @@ struct CheckpointTensor {
   std::string path;            // from the root: "params/wte"
   std::vector<int64_t> shape;  // logical shape; a scalar has none
   int64_t numel = 0;
-  int64_t stored_bytes = 0;    // bytes on disk (chunks with their checksums)
+  int64_t stored_bytes = 0;    // bytes on disk
 };
 
 class CheckpointReader {
@@ -37,7 +37,8 @@ class CheckpointReader {
   std::vector<CheckpointTensor> tensors() const;
   bool has_tensor(const std::string& path) const;
   // The whole tensor as float32, row-major. Throws UserError naming the file and the tensor when it is
-  // missing, not float32, or cannot be read (damaged: Fletcher32 mismatch).
+  // missing, not float32, or cannot be read (damaged: Fletcher32 mismatch in version 2, a block that does
+  // not match its recorded hash in version 3).
   std::vector<float> read(const std::string& path) const;
 
  private:

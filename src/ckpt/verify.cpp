@@ -33,9 +33,31 @@ std::string shape_text(const std::vector<hsize_t>& dims) {
   return s + ")";
 }
 
+std::string elements_text(uint64_t a, uint64_t b) { return cat("elements ", a, " to ", b); }
+
+// The block hashes a version-3 tensor records, checked against its size.
+std::vector<uint64_t> recorded_blocks(hid_t ds, const std::string& path, uint64_t numel, uint64_t& block) {
+  int64_t b = 0;
+  std::vector<uint64_t> hashes;
+  try {
+    if (!h5::read_attr_i64(ds, kBlockElementsAttribute, b) || !h5::read_attr_u64s(ds, kBlockHashesAttribute, hashes))
+      throw UserError(cat("has no attributes '", kBlockElementsAttribute, "' and '", kBlockHashesAttribute,
+                          "' (format version 3 records them)"));
+  } catch (const UserError& e) {
+    throw UserError(cat("tensor '", path, "': ", e.what()));
+  }
+  if (b <= 0) throw UserError(cat("tensor '", path, "': attribute '", kBlockElementsAttribute, "' is ", b));
+  block = uint64_t(b);
+  if (hashes.size() != checksum_block_count(numel, block))
+    throw UserError(cat("tensor '", path, "' records ", hashes.size(), " block checksums but its ", numel,
+                        " elements make ", checksum_block_count(numel, block), " blocks of ", block));
+  return hashes;
+}
+
 // Reads a dataset in blocks of whole rows (about 1 Mi elements) as stored, hashing its bytes: it must be
-// float32, stored whole, and hold finite values only.
-DatasetDigest read_dataset(hid_t file, const std::string& path) {
+// float32, stored whole, and hold finite values only. Version 3 with `read_data` false checks the shape,
+// the storage and the recorded block checksums without reading the tensor (its writers checked it).
+DatasetDigest read_dataset(hid_t file, const std::string& path, int64_t version, bool read_data) {
   h5::Handle ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (ds.id < 0) throw UserError(cat("tensor '", path, "' cannot be opened"));
   h5::Handle type(H5Dget_type(ds), H5Tclose), space(H5Dget_space(ds), H5Sclose);
@@ -62,12 +84,22 @@ DatasetDigest read_dataset(hid_t file, const std::string& path) {
   if (elems * 4 > std::min(stored, file_bytes))
     throw UserError(cat("tensor '", path, "' has a shape of ", shape_text(dims), " but only ", stored,
                         " bytes of it are stored (a damaged shape, or parts never written)"));
+  const uint64_t numel = uint64_t(elems);
+  std::vector<uint64_t> recorded;
+  if (version >= 3) {
+    recorded = recorded_blocks(ds, path, numel, d.block_elements);
+    if (!read_data) {
+      d.block_hashes = std::move(recorded);
+      return d;
+    }
+  }
   const hsize_t rows = nd == 0 ? 1 : dims[0];
   hsize_t row_elems = 1;
   for (int i = 1; i < nd; ++i) row_elems *= dims[size_t(i)];
   const hsize_t block = std::max<hsize_t>(1, (hsize_t(1) << 20) / std::max<hsize_t>(1, row_elems));
   std::vector<unsigned char> buf;
   Fnv1a64 h;
+  BlockHasher blocks(std::max<uint64_t>(1, d.block_elements) * 4);
   for (hsize_t r0 = 0; r0 < rows && row_elems > 0; r0 += block) {
     const hsize_t n = std::min(block, rows - r0) * row_elems;
     buf.resize(size_t(n * d.element_size));
@@ -89,7 +121,8 @@ DatasetDigest read_dataset(hid_t file, const std::string& path) {
       throw UserError(cat("tensor '", path, "' cannot be read: its data is damaged (checksum mismatch) or the file is ",
                           "truncated", why.empty() ? "" : cat(" [", why, "]")));
     }
-    h.add(buf.data(), buf.size());
+    if (version >= 3) blocks.add(buf.data(), buf.size());
+    else h.add(buf.data(), buf.size());
     for (hsize_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, buf.data() + i * 4, 4);
@@ -98,11 +131,20 @@ DatasetDigest read_dataset(hid_t file, const std::string& path) {
             cat("tensor '", path, "' holds a non-finite value (", v, " at element ", r0 * row_elems + i, ")"));
     }
   }
-  d.bytes_hash = h.value();
+  if (version < 3) {
+    d.bytes_hash = h.value();
+    return d;
+  }
+  d.block_hashes = blocks.finish();
+  for (size_t i = 0; i < d.block_hashes.size() && i < recorded.size(); ++i)
+    if (d.block_hashes[i] != recorded[i])
+      throw UserError(cat("tensor '", path, "' is damaged (checksum mismatch): its block ", i, " (",
+                          elements_text(i * d.block_elements, std::min<uint64_t>(numel, (i + 1) * d.block_elements) - 1),
+                          ") does not match its recorded hash"));
   return d;
 }
 
-CheckpointInfo check_contents(hid_t file, const std::string& name) {
+CheckpointInfo check_contents(hid_t file, const std::string& name, bool read_data) {
   CheckpointInfo info;
   std::string format;
   if (!h5::read_attr_str(file, "format", format) || format != kCheckpointFormat)
@@ -130,7 +172,7 @@ CheckpointInfo check_contents(hid_t file, const std::string& name) {
     if (!l.hard) throw UserError(cat("'", l.path, "' is a link to elsewhere; a checkpoint holds its tensors itself"));
     h5::Handle obj(H5Oopen(file, l.path.c_str(), H5P_DEFAULT), H5Oclose);
     if (obj.id < 0) throw UserError(cat("object '", l.path, "' cannot be opened (damaged file)"));
-    if (H5Iget_type(obj) == H5I_DATASET) digests.push_back(read_dataset(file, l.path));
+    if (H5Iget_type(obj) == H5I_DATASET) digests.push_back(read_dataset(file, l.path, info.format_version, read_data));
   }
   auto is_param = [](const DatasetDigest& d) { return d.path.rfind("params/", 0) == 0; };
   if (!std::any_of(digests.begin(), digests.end(), is_param))
@@ -151,7 +193,7 @@ CheckpointInfo check_contents(hid_t file, const std::string& name) {
 
 }  // namespace
 
-CheckpointInfo verify_checkpoint(const std::string& path, const std::string& name) {
+CheckpointInfo verify_checkpoint(const std::string& path, const std::string& name, bool read_data) {
   h5::quiet();
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UserError(cat(path, ": no checkpoint file (it does not exist)"));
@@ -163,7 +205,7 @@ CheckpointInfo verify_checkpoint(const std::string& path, const std::string& nam
                         why.empty() ? "" : cat(" [", why, "]")));
   }
   try {
-    return check_contents(file, name.empty() ? fs::path(path).filename().string() : name);
+    return check_contents(file, name.empty() ? fs::path(path).filename().string() : name, read_data);
   } catch (const UserError& e) {
     throw UserError(cat(path, ": ", e.what()));
   }

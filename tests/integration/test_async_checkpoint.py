@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints (checkpoint.async = true): rank 0 writes on a thread of its own while training
+"""Asynchronous checkpoints (checkpoint.async = true): every rank writes its slices on a thread while training
 goes on, and the files are the synchronous ones bit for bit — on one process and under PP2xDP2 — with the
 same metrics, the same pruning, and a resume from them that continues the uninterrupted run bit for bit. A
 SIGTERM during an asynchronous run still ends it with exit 4 and a checkpoint that verifies. (A full disk

@@ -3,6 +3,7 @@ uninterrupted run, on one process and under PP2xDP2; resuming under a different 
 1e-5; files are complete HDF5 with checksums, written atomically, pruned to checkpoint.keep."""
 import glob
 import os
+import re
 import subprocess
 
 from common import compare, fail, losses, metrics, run, tempdir, tiny_gpt, write
@@ -49,22 +50,23 @@ def main():
             "--set", f'checkpoint.dir="{d}/cross{ranks}"')
         compare(f"resume PP2xDP2 checkpoint under {label}", full[15:], losses(out), 1e-5)
 
-    # The file is self-describing: h5dump reads it and the checksum filter is on.
+    # The file is self-describing: h5dump reads it, and each tensor carries its block checksums.
     h5 = os.path.join(d, "single_process", "step_00000020.h5")
     out = subprocess.run(["h5dump", "-p", "-H", "-d", "/params/wte", h5], capture_output=True, text=True).stdout
-    if "FLETCHER32" not in out or "CHUNKED" not in out:
-        fail(f"params/wte is not chunked with the Fletcher32 filter:\n{out}")
+    if "CONTIGUOUS" not in out or 'ATTRIBUTE "checksum_fnv1a64x8"' not in out or 'ATTRIBUTE "checksum_block"' not in out:
+        fail(f"params/wte is not contiguous with its block checksums:\n{out}")
     attrs = subprocess.run(["h5dump", "-A", "-a", "step", h5], capture_output=True, text=True).stdout
     if "(0): 20" not in attrs:
         fail(f"step attribute is not 20:\n{attrs}")
-    print("ok  checkpoint is chunked, Fletcher32-checked, step attribute 20")
+    print("ok  checkpoint is contiguous with block checksums, step attribute 20")
 
     # A damaged checkpoint is refused with a clear message and exit code != 0, not silently loaded.
     bad = os.path.join(d, "damaged.h5")
     with open(h5, "rb") as f:
         data = bytearray(f.read())
-    # flip bytes in the middle of the file, inside dataset payload
-    for i in range(len(data) // 2, len(data) // 2 + 4096, 7):
+    # flip bytes inside the payload of params/wte, where h5dump says it lies
+    offset = int(re.search(r"OFFSET (\d+)", out).group(1))
+    for i in range(offset + 64, offset + 64 + 4096, 7):
         data[i] ^= 0xFF
     with open(bad, "wb") as f:
         f.write(bytes(data))

@@ -1,6 +1,7 @@
 // Checkpoint checksum and verification on small HDF5 files written here: FNV-1a's reference values, a
 // checksum that ignores attribute order but covers every attribute (also one added later) and every byte
-// of every dataset, and verify_checkpoint's verdict on changed, non-finite, misnamed and version-1 files.
+// of every dataset, version 3's block hashes, and verify_checkpoint's verdict on changed, non-finite,
+// misnamed, version-1 and damaged version-3 files.
 #include <catch2/catch.hpp>
 
 #include <hdf5.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "ckpt/checksum.hpp"
+#include "ckpt/file_writer.hpp"
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/verify.hpp"
 
@@ -177,10 +179,10 @@ TEST_CASE("verify_checkpoint rejects non-finite values, a name with another step
   CheckpointInfo info = verify_checkpoint(dir + "/v1.h5");
   CHECK(info.format_version == 1);
   CHECK_FALSE(info.checksummed);
-  FileSpec v3;
-  v3.version = 3;
-  write_file(dir + "/v3.h5", v3);
-  CHECK_THAT(verify_error(dir + "/v3.h5"), Catch::Contains("format version 3; this piper reads versions 1 to 2"));
+  FileSpec v4;
+  v4.version = 4;
+  write_file(dir + "/v4.h5", v4);
+  CHECK_THAT(verify_error(dir + "/v4.h5"), Catch::Contains("format version 4; this piper reads versions 1 to 3"));
 
   {
     std::FILE* f = std::fopen((dir + "/garbage.h5").c_str(), "wb");
@@ -215,5 +217,86 @@ TEST_CASE("a tensor that is not float32 or whose elements are not all stored is 
     REQUIRE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
   });
   CHECK_THAT(verify_error(dir + "/ints.h5"), Catch::Contains("tensor 'params/ints' is not float32 little-endian"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("block hashes match their reference values and do not depend on how the bytes are fed", "[checkpoint]") {
+  std::vector<unsigned char> d(1000);
+  for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<unsigned char>((i * 7 + 3) & 255);
+  // Python: fnv(b"".join(u64(fnv(d[j::8])) for j in range(8)))
+  CHECK(block_hash(d.data(), d.size()) == 0x4a64e7ba17b9b7a6ull);
+  CHECK(block_hash(nullptr, 0) == 0xaf3449a2699d5925ull);
+  CHECK(block_hash(d.data(), 13) == 0x4087a005f4fb8abull);
+  // Blocks of 104 bytes, fed in pieces of 1, 3, 5, ... bytes that do not line up with them.
+  BlockHasher h(104);
+  size_t at = 0;
+  for (size_t step = 1; at < d.size(); step += 2) {
+    const size_t n = std::min(step, d.size() - at);
+    h.add(d.data() + at, n);
+    at += n;
+  }
+  const std::vector<uint64_t> blocks = h.finish();
+  REQUIRE(blocks.size() == 10);  // 9 whole blocks and 64 bytes
+  for (size_t b = 0; b < blocks.size(); ++b)
+    CHECK(blocks[b] == block_hash(d.data() + b * 104, std::min<size_t>(104, d.size() - b * 104)));
+  CHECK(BlockHasher(104).finish() == std::vector<uint64_t>{block_hash(nullptr, 0)});
+  CHECK(checksum_block_elements(10) == (1u << 20));
+  CHECK(checksum_block_elements(uint64_t(4096) << 20) == (1u << 20));
+  CHECK(checksum_block_elements((uint64_t(4096) << 20) + 1) == (2u << 20));
+  CHECK(checksum_block_count(0, 1 << 20) == 1);
+  CHECK(checksum_block_count((3u << 20) + 1, 1 << 20) == 4);
+}
+
+TEST_CASE("a version-3 file verifies, and a changed byte of a tensor is found in its block", "[checkpoint]") {
+  const std::string dir = temp_folder();
+  const std::string path = dir + "/step_00000005.h5";
+  std::vector<float> big((std::size_t(1) << 20) + 300);  // two blocks: 2^20 elements and 300
+  for (size_t i = 0; i < big.size(); ++i) big[i] = float(i % 1000) * 0.25f;
+  {
+    h5::Handle file(create_checkpoint_file(path), H5Fclose);
+    CheckpointHeader header;
+    header.step = 5;
+    write_checkpoint_header(file, header);
+    h5::Handle group(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    std::vector<DatasetDigest> digests;
+    digests.push_back(write_checkpoint_tensor(group, "params", "big", {int64_t(big.size())}, big.data()));
+    const float small[6] = {1, 2, 3, 4, 5, 6};
+    digests.push_back(write_checkpoint_tensor(group, "params", "w", {2, 3}, small));
+    h5::write_attr_str(file, kChecksumAttribute, checksum_text(checkpoint_checksum(file, digests)));
+  }
+  CheckpointInfo info = verify_checkpoint(path);
+  CHECK(info.format_version == 3);
+  CHECK(info.checksummed);
+  // The second block's first element, changed in place: its block is named, and a check that trusts the
+  // recorded hashes (what a save does after its ranks hashed what they wrote) does not read it.
+  haddr_t offset = 0;
+  {
+    h5::Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    h5::Handle ds(H5Dopen2(file, "params/big", H5P_DEFAULT), H5Dclose);
+    offset = H5Dget_offset(ds);
+    REQUIRE(offset != HADDR_UNDEF);
+  }
+  {
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    std::fseek(f, long(offset + (hsize_t(1) << 20) * 4), SEEK_SET);
+    const float changed = 123.5f;
+    std::fwrite(&changed, 4, 1, f);
+    std::fclose(f);
+  }
+  CHECK_THAT(verify_error(path), Catch::Contains("tensor 'params/big' is damaged (checksum mismatch): its block 1 "
+                                                 "(elements 1048576 to 1048875) does not match its recorded hash"));
+  CHECK(verify_checkpoint(path, "", /*read_data=*/false).checksummed);
+  // A changed recorded hash breaks the file's checksum, also for the check that does not read tensors.
+  change_file(path, [](hid_t file) {
+    h5::Handle ds(H5Dopen2(file, "params/w", H5P_DEFAULT), H5Dclose);
+    h5::write_attr_u64s(ds, kBlockHashesAttribute, {42});
+  });
+  try {
+    verify_checkpoint(path, "", /*read_data=*/false);
+    FAIL("a changed block hash went unnoticed");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("checksum mismatch"));
+  }
   fs::remove_all(dir);
 }
