@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "app/metrics_file.hpp"
@@ -22,6 +24,7 @@
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
+#include "util/mpi_wait.hpp"
 #include "util/timer.hpp"
 
 namespace piper {
@@ -62,11 +65,47 @@ std::string broadcast_string(std::string s, MPI_Comm world) {
   return s;
 }
 
+// Rank 0 verifies the checkpoint --resume names (auto: the newest that verifies) while the other ranks
+// wait; every rank gets its path ("": start from step 0), or nullopt after rank 0 printed why it is refused.
+std::optional<std::string> verified_resume_path(const Plan& plan, const std::string& resume, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::string path;
+  int verified = 1;
+  if (rank == 0) {
+    try {
+      ResumeChoice choice = choose_resume_checkpoint(resume, plan.checkpoint_dir);
+      for (const auto& w : choice.warnings) std::fprintf(stderr, "piper: warning: resume: %s\n", w.c_str());
+      path = choice.path;
+      if (path.empty() && plan.checkpoint_dir.empty())
+        std::printf("resume: the job has no checkpoint.dir; starting from step 0\n");
+      else if (path.empty())
+        std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
+    } catch (const UserError& e) {
+      std::fprintf(stderr, "piper: error: %s\n", e.what());
+      verified = 0;
+    }
+  }
+  broadcast_after_long_wait(&verified, 1, MPI_INT, 0, world);  // the others sleep while rank 0 reads
+  if (!verified) return std::nullopt;
+  return broadcast_string(path, world);
+}
+
 }  // namespace
 
 int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
+  // --resume: the file is verified before anything is allocated, so that rank 0 reads it alone.
+  std::string resume_path;
+  double verify_seconds = 0;
+  if (!opts.resume.empty()) {
+    const double t0 = now_seconds();
+    std::optional<std::string> path = verified_resume_path(plan, opts.resume, world);
+    if (!path) return kExitBadInput;
+    resume_path = *path;
+    verify_seconds = now_seconds() - t0;
+  }
   int local_rank = 0;
   const int threads = resolve_threads(plan.threads, world, &local_rank);
   std::unique_ptr<Backend> backend = make_backend(plan.backend, threads, local_rank);
@@ -78,42 +117,28 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   ex.watch_stop_flag(&stop_signal());
 
   int64_t start = 0;
-  if (!opts.resume.empty()) {
-    // Rank 0 verifies the file (auto: the newest that verifies); a bad one ends every rank with exit code 2.
-    std::string path;
-    int verified = 1;
-    if (rank == 0) {
-      try {
-        ResumeChoice choice = choose_resume_checkpoint(opts.resume, plan.checkpoint_dir);
-        for (const auto& w : choice.warnings) std::fprintf(stderr, "piper: warning: resume: %s\n", w.c_str());
-        path = choice.path;
-        if (path.empty() && plan.checkpoint_dir.empty())
-          std::printf("resume: the job has no checkpoint.dir; starting from step 0\n");
-        else if (path.empty())
-          std::printf("resume: no checkpoint in '%s'; starting from step 0\n", plan.checkpoint_dir.c_str());
-      } catch (const UserError& e) {
-        std::fprintf(stderr, "piper: error: %s\n", e.what());
-        verified = 0;
-      }
+  if (!resume_path.empty()) {
+    // Every rank reads its own ranges; a bad file ends all ranks together with exit code 2.
+    const double read_start = now_seconds();
+    int failed = 0, any_failed = 0;
+    try {
+      start = load_checkpoint(ex, resume_path);
+    } catch (const UserError& e) {
+      std::fprintf(stderr, "piper: rank %d: error: %s\n", rank, e.what());
+      failed = 1;
     }
-    MPI_CHECK(MPI_Bcast(&verified, 1, MPI_INT, 0, world));
-    if (!verified) return 2;
-    path = broadcast_string(path, world);
-    if (!path.empty()) {
-      // Every rank reads its own ranges; a bad file ends all ranks together with exit code 2.
-      int failed = 0, any_failed = 0;
-      try {
-        start = load_checkpoint(ex, path);
-      } catch (const UserError& e) {
-        std::fprintf(stderr, "piper: rank %d: error: %s\n", rank, e.what());
-        failed = 1;
-      }
-      MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, world));
-      if (any_failed) return 2;
-      if (opts.steps > 0 && opts.steps <= start)  // every rank read the same step: all end here
-        throw UserError(cat("--steps ", opts.steps, ": ", path, " is at step ", start,
-                            "; a resumed run must end past it (--steps > ", start, ")"));
-      if (rank == 0) std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(start));
+    MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, world));
+    if (any_failed) return 2;
+    if (opts.steps > 0 && opts.steps <= start)  // every rank read the same step: all end here
+      throw UserError(cat("--steps ", opts.steps, ": ", resume_path, " is at step ", start,
+                          "; a resumed run must end past it (--steps > ", start, ")"));
+    if (rank == 0) {
+      const double done = now_seconds();
+      std::error_code ec;
+      const double gb = double(std::filesystem::file_size(resume_path, ec)) / 1e9;
+      std::printf("resumed from %s at step %lld (%.3f GB: verified by rank 0 in %.3f s, every rank's ranges read in "
+                  "%.3f s)\n", resume_path.c_str(), static_cast<long long>(start), ec ? 0.0 : gb, verify_seconds,
+                  done - read_start);
     }
   }
   const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;
@@ -146,6 +171,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
   int64_t skipped_in_row = 0, skipped_total = 0;
   double profiled_seconds = 0;
+  const double loop_start = now_seconds();
   for (int64_t step = start; step < end; ++step) {
     double t0 = now_seconds();
     StepMetrics m = ex.run_step(step);
@@ -230,6 +256,11 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     if (int code = saver.save(ex, end)) return code;
   }
   if (int code = saver.finish()) return code;  // the end of the run waits for the last write
+  if (rank == 0 && end > start) {
+    const double loop = now_seconds() - loop_start;
+    std::printf("trained steps %lld..%lld in %.3f s: %.2f ms a step with its logging and checkpoints\n",
+                static_cast<long long>(start + 1), static_cast<long long>(end), loop, loop * 1e3 / double(end - start));
+  }
   if (rank == 0 && skipped_total > 0)
     std::printf("%lld step%s had a non-finite loss or gradient norm and applied no update\n",
                 static_cast<long long>(skipped_total), skipped_total == 1 ? "" : "s");

@@ -32,7 +32,9 @@
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
+#include "util/memory_usage.hpp"
 #include "util/mpi_gather.hpp"
+#include "util/timer.hpp"
 
 namespace piper {
 
@@ -162,6 +164,30 @@ void report_failed_save(int64_t steps_done, const std::string& failure) {
   std::fflush(stderr);
 }
 
+// Bytes of a checkpoint's tensors: parameters and both moments, float32.
+int64_t state_bytes(const Plan& plan) {
+  int64_t n = 0;
+  for (const ParamSpec& p : plan.params) n += p.numel;
+  return 3 * int64_t(sizeof(float)) * n;
+}
+
+// Rank 0's line for a completed save: size, ranks, time and bandwidth; for a synchronous save the growth
+// of rank 0's resident memory during it (negative: not measured), for an asynchronous one how long the
+// step waited for its copy.
+void report_save(const Plan& plan, int64_t steps_done, int ranks, double seconds, int64_t memory_growth,
+                 double step_wait) {
+  const double gb = double(state_bytes(plan)) / 1e9;
+  char tail[128] = "";
+  if (step_wait >= 0)
+    std::snprintf(tail, sizeof(tail), " behind training (the step waited %.3f s to copy its share)", step_wait);
+  else if (memory_growth >= 0)
+    std::snprintf(tail, sizeof(tail), ", rank 0 memory +%.1f MiB", double(memory_growth) / 1048576.0);
+  std::printf("saved %s: %.3f GB by %d rank%s in %.3f s (%.3f GB/s)%s\n",
+              fs::path(checkpoint_path(".", steps_done)).filename().c_str(), gb, ranks, ranks == 1 ? "" : "s",
+              seconds, gb / std::max(seconds, 1e-9), tail);
+  std::fflush(stdout);
+}
+
 // This rank's slices of the three groups, in the order of `pieces` (three per piece).
 std::vector<SaveSlice> slices_of(const std::vector<Piece>& pieces) {
   std::vector<SaveSlice> out;
@@ -173,6 +199,10 @@ std::vector<SaveSlice> slices_of(const std::vector<Piece>& pieces) {
 // Collective: every rank writes its own slices into the one file (parallel_save.hpp), straight from the
 // state through a 16 MiB host staging buffer.
 int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm comm) {
+  const bool rank0 = ex.plan().rank == 0;
+  const bool peak_reset = rank0 && reset_peak_resident();
+  const int64_t resident_before = resident_bytes();
+  const double t0 = now_seconds();
   const std::vector<Piece> pieces = owned_pieces(ex);
   ParallelCheckpointWrite w(checkpoint_path(dir, steps_done), header_of(ex.plan(), steps_done), ex.plan().params,
                             slices_of(pieces), comm);
@@ -185,7 +215,13 @@ int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm
     k.download(dst, pieces[slice / 3].src[slice % 3] + at, size_t(count) * sizeof(float));
   });
   const int code = w.complete();
-  if (code != 0 && ex.plan().rank == 0) report_failed_save(steps_done, w.failure());
+  if (code != 0 && rank0) report_failed_save(steps_done, w.failure());
+  if (code == 0 && rank0) {
+    int ranks = 1;
+    MPI_Comm_size(comm, &ranks);
+    report_save(ex.plan(), steps_done, ranks, now_seconds() - t0,
+                peak_reset ? peak_resident_bytes() - resident_before : -1, -1);
+  }
   return code;
 }
 
@@ -199,6 +235,8 @@ int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MP
 
 struct CheckpointSaver::Pending {
   int64_t steps_done = 0;
+  const Plan* plan = nullptr;
+  double started = 0, step_wait = 0;  // when the save began; how long its step waited for the copy
   std::unique_ptr<ParallelCheckpointWrite> write;
   std::vector<std::vector<float>> copies;  // this rank's slices, in host memory
   std::thread writer;
@@ -222,8 +260,15 @@ int CheckpointSaver::complete_pending() {
   pending_->writer.join();
   const int code = pending_->write->complete();
   if (rank_ == 0) {
-    if (code != 0) report_failed_save(pending_->steps_done, pending_->write->failure());
-    else prune_checkpoints(dir_, keep_, checkpoint_path(dir_, pending_->steps_done));
+    if (code != 0) {
+      report_failed_save(pending_->steps_done, pending_->write->failure());
+    } else {
+      int ranks = 1;
+      MPI_Comm_size(comm_, &ranks);
+      report_save(*pending_->plan, pending_->steps_done, ranks, now_seconds() - pending_->started, -1,
+                  pending_->step_wait);
+      prune_checkpoints(dir_, keep_, checkpoint_path(dir_, pending_->steps_done));
+    }
   }
   pending_.reset();
   return code;
@@ -237,9 +282,12 @@ int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
   }
   // The previous file must be complete before this one starts (and before its failure could go unseen).
   if (int code = complete_pending()) return code;
+  const double t0 = now_seconds();
   const std::vector<Piece> pieces = owned_pieces(ex);
   auto p = std::make_unique<Pending>();
   p->steps_done = steps_done;
+  p->plan = &ex.plan();
+  p->started = t0;
   p->write = std::make_unique<ParallelCheckpointWrite>(checkpoint_path(dir_, steps_done), header_of(ex.plan(), steps_done),
                                                        ex.plan().params, slices_of(pieces), comm_);
   if (int code = p->write->begin_code()) {
@@ -253,6 +301,7 @@ int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
       p->copies.emplace_back(size_t(piece.count));
       k.download(p->copies.back().data(), piece.src[t], size_t(piece.count) * sizeof(float));
     }
+  p->step_wait = now_seconds() - t0;
   Pending* raw = p.get();
   raw->writer = std::thread([raw] {
     raw->write->write_local([raw](size_t slice, int64_t at, int64_t count, float* dst) {

@@ -1,9 +1,10 @@
-// The checkpoint checksum (see checksum.hpp): the FNV-1a hasher and the byte stream that root attributes
-// and dataset digests feed into it.
+// The checkpoint checksums (see checksum.hpp): the FNV-1a and XXH64 hashers, the blocks, and the byte stream
+// that root attributes and dataset digests feed into the file checksum.
 #include "ckpt/checksum.hpp"
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "ckpt/hdf5_util.hpp"
 
@@ -29,41 +30,87 @@ void Fnv1a64::add_string(const std::string& s) {
 }
 
 namespace {
-constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull, kFnvPrime = 0x100000001b3ull;
 
-uint64_t combine_lanes(const uint64_t* lanes) {
-  Fnv1a64 h;
-  for (int j = 0; j < 8; ++j) h.add_u64(lanes[j]);
-  return h.value();
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full, kP3 = 0x165667B19E3779F9ull,
+                   kP4 = 0x85EBCA77C2B2AE63ull, kP5 = 0x27D4EB2F165667C5ull;
+
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t read64(const unsigned char* p) {  // little-endian, as every supported host is
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
 }
+inline uint32_t read32(const unsigned char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl(acc + input * kP2, 31) * kP1; }
+inline uint64_t xxh_merge(uint64_t h, uint64_t acc) { return (h ^ xxh_round(0, acc)) * kP1 + kP4; }
 
-// Lane j of `lanes` takes the bytes at positions j mod 8; `at` is the position of data[0] in the block.
-void add_to_lanes(uint64_t* lanes, uint64_t at, const unsigned char* p, size_t n) {
+// Consumes whole 32-byte stripes of p[0, n); returns the bytes consumed.
+size_t consume_stripes(uint64_t* acc, const unsigned char* p, size_t n) {
+  uint64_t a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
   size_t i = 0;
-  for (; i < n && (at + i) % 8 != 0; ++i) lanes[(at + i) % 8] = (lanes[(at + i) % 8] ^ p[i]) * kFnvPrime;
-  uint64_t l0 = lanes[0], l1 = lanes[1], l2 = lanes[2], l3 = lanes[3], l4 = lanes[4], l5 = lanes[5], l6 = lanes[6],
-           l7 = lanes[7];
-  for (; i + 8 <= n; i += 8) {  // eight independent multiply chains
-    l0 = (l0 ^ p[i]) * kFnvPrime;
-    l1 = (l1 ^ p[i + 1]) * kFnvPrime;
-    l2 = (l2 ^ p[i + 2]) * kFnvPrime;
-    l3 = (l3 ^ p[i + 3]) * kFnvPrime;
-    l4 = (l4 ^ p[i + 4]) * kFnvPrime;
-    l5 = (l5 ^ p[i + 5]) * kFnvPrime;
-    l6 = (l6 ^ p[i + 6]) * kFnvPrime;
-    l7 = (l7 ^ p[i + 7]) * kFnvPrime;
+  for (; i + 32 <= n; i += 32) {
+    a0 = xxh_round(a0, read64(p + i));
+    a1 = xxh_round(a1, read64(p + i + 8));
+    a2 = xxh_round(a2, read64(p + i + 16));
+    a3 = xxh_round(a3, read64(p + i + 24));
   }
-  lanes[0] = l0, lanes[1] = l1, lanes[2] = l2, lanes[3] = l3, lanes[4] = l4, lanes[5] = l5, lanes[6] = l6, lanes[7] = l7;
-  for (; i < n; ++i) lanes[(at + i) % 8] = (lanes[(at + i) % 8] ^ p[i]) * kFnvPrime;
+  acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+  return i;
 }
 
 }  // namespace
 
+void Xxh64::reset() {
+  acc_[0] = kP1 + kP2, acc_[1] = kP2, acc_[2] = 0, acc_[3] = 0 - kP1;
+  buffered_ = 0, total_ = 0;
+}
+
+void Xxh64::add(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  total_ += n;
+  if (buffered_ > 0) {  // complete the stripe begun by an earlier piece
+    const size_t take = std::min(n, sizeof(stripe_) - buffered_);
+    std::memcpy(stripe_ + buffered_, p, take);
+    buffered_ += take, p += take, n -= take;
+    if (buffered_ < sizeof(stripe_)) return;
+    consume_stripes(acc_, stripe_, sizeof(stripe_));
+    buffered_ = 0;
+  }
+  const size_t done = consume_stripes(acc_, p, n);
+  std::memcpy(stripe_, p + done, n - done);
+  buffered_ = n - done;
+}
+
+uint64_t Xxh64::value() const {
+  uint64_t h;
+  if (total_ >= 32) {
+    h = rotl(acc_[0], 1) + rotl(acc_[1], 7) + rotl(acc_[2], 12) + rotl(acc_[3], 18);
+    for (uint64_t a : acc_) h = xxh_merge(h, a);
+  } else {
+    h = kP5;  // the seed (0) + PRIME64_5
+  }
+  h += total_;
+  const unsigned char* p = stripe_;
+  size_t n = buffered_;
+  for (; n >= 8; p += 8, n -= 8) h = rotl(h ^ xxh_round(0, read64(p)), 27) * kP1 + kP4;
+  if (n >= 4) h = rotl(h ^ (uint64_t(read32(p)) * kP1), 23) * kP2 + kP3, p += 4, n -= 4;
+  for (; n > 0; ++p, --n) h = rotl(h ^ (uint64_t(*p) * kP5), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
 uint64_t block_hash(const void* data, size_t n) {
-  uint64_t lanes[8];
-  std::fill(lanes, lanes + 8, kFnvBasis);
-  add_to_lanes(lanes, 0, static_cast<const unsigned char*>(data), n);
-  return combine_lanes(lanes);
+  Xxh64 h;
+  h.add(data, n);
+  return h.value();
 }
 
 uint64_t checksum_block_elements(uint64_t numel) {
@@ -76,11 +123,9 @@ uint64_t checksum_block_count(uint64_t numel, uint64_t block_elements) {
   return numel == 0 ? 1 : (numel + block_elements - 1) / block_elements;
 }
 
-void BlockHasher::reset_lanes() { std::fill(lanes_, lanes_ + 8, kFnvBasis); }
-
 void BlockHasher::close_block() {
-  hashes_.push_back(combine_lanes(lanes_));
-  reset_lanes();
+  hashes_.push_back(hash_.value());
+  hash_.reset();
   at_ = 0;
 }
 
@@ -88,7 +133,7 @@ void BlockHasher::add(const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   while (n > 0) {
     const size_t take = size_t(std::min<uint64_t>(n, block_bytes_ - at_));
-    add_to_lanes(lanes_, at_, p, take);
+    hash_.add(p, take);
     at_ += take, p += take, n -= take;
     if (at_ == block_bytes_) close_block();
   }

@@ -29,7 +29,7 @@ hid_t create_checkpoint_file(const std::string& path);
 
 // Creates group/name: float32 little-endian, contiguous, its storage allocated now (H5Dget_offset gives
 // its place in the file) and never filled, with the attribute `checksum_block` and a zero placeholder of
-// `checksum_fnv1a64x8` of the final length. Returns the open dataset. Throws h5::Error.
+// `checksum_xxh64` of the final length. Returns the open dataset. Throws h5::Error.
 hid_t create_checkpoint_tensor(hid_t group, const std::string& name, const std::vector<int64_t>& shape);
 
 // A tensor's share of the checksum, from its block hashes.

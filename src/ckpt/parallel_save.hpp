@@ -23,6 +23,13 @@ struct SaveSlice {
 // Copies `count` values of slice `slice`, from element `at` within the slice on, into host memory `dst`.
 using SliceSource = std::function<void(size_t slice, int64_t at, int64_t count, float* dst)>;
 
+// Writes `n` bytes of `data` at file offset `offset`: the whole 4 KiB pages inside the range through
+// `direct` (an O_DIRECT descriptor, or -1; `data` must then sit at offset % 4096 in a page-aligned buffer),
+// the partial pages at its ends through `buffered`, so that no page is written both ways. A direct write
+// the file system refuses (EINVAL) is done buffered, and `direct` becomes -1 for the writes after it.
+// Returns 0 or the errno of the failed write.
+int write_file_range(int buffered, int& direct, const unsigned char* data, size_t n, uint64_t offset);
+
 class ParallelCheckpointWrite {
  public:
   // Collective over `comm`. Rank 0 creates `.NAME.tmp` next to `final_path` holding `header` (rank 0's is

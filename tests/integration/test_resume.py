@@ -53,7 +53,7 @@ def main():
     # The file is self-describing: h5dump reads it, and each tensor carries its block checksums.
     h5 = os.path.join(d, "single_process", "step_00000020.h5")
     out = subprocess.run(["h5dump", "-p", "-H", "-d", "/params/wte", h5], capture_output=True, text=True).stdout
-    if "CONTIGUOUS" not in out or 'ATTRIBUTE "checksum_fnv1a64x8"' not in out or 'ATTRIBUTE "checksum_block"' not in out:
+    if "CONTIGUOUS" not in out or 'ATTRIBUTE "checksum_xxh64"' not in out or 'ATTRIBUTE "checksum_block"' not in out:
         fail(f"params/wte is not contiguous with its block checksums:\n{out}")
     attrs = subprocess.run(["h5dump", "-A", "-a", "step", h5], capture_output=True, text=True).stdout
     if "(0): 20" not in attrs:

@@ -70,7 +70,8 @@ void write_file(const std::string& path, const FileSpec& f) {
   if (f.version >= 2) {
     Fnv1a64 h;
     h.add(f.values.data(), f.values.size() * sizeof(float));
-    DatasetDigest d{"params/w", {2, 3}, 4, h.value()};
+    DatasetDigest d;  // version 2: one hash of all the bytes
+    d.path = "params/w", d.dims = {2, 3}, d.element_size = 4, d.bytes_hash = h.value();
     h5::write_attr_str(file, kChecksumAttribute, checksum_text(checkpoint_checksum(file, {d})));
   }
 }
@@ -223,10 +224,12 @@ TEST_CASE("a tensor that is not float32 or whose elements are not all stored is 
 TEST_CASE("block hashes match their reference values and do not depend on how the bytes are fed", "[checkpoint]") {
   std::vector<unsigned char> d(1000);
   for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<unsigned char>((i * 7 + 3) & 255);
-  // Python: fnv(b"".join(u64(fnv(d[j::8])) for j in range(8)))
-  CHECK(block_hash(d.data(), d.size()) == 0x4a64e7ba17b9b7a6ull);
-  CHECK(block_hash(nullptr, 0) == 0xaf3449a2699d5925ull);
-  CHECK(block_hash(d.data(), 13) == 0x4087a005f4fb8abull);
+  // Python: xxhash.xxh64(d[:n]).intdigest()
+  CHECK(block_hash(d.data(), d.size()) == 0x5f235fa033f1a3fbull);
+  CHECK(block_hash(nullptr, 0) == 0xef46db3751d8e999ull);
+  CHECK(block_hash(d.data(), 13) == 0xf78b031308f5bfc8ull);
+  CHECK(block_hash(d.data(), 40) == 0xb620306b253d76b6ull);  // one stripe of 32 bytes and 8 more
+  CHECK(block_hash("abc", 3) == 0x44bc2cf5ad770999ull);
   // Blocks of 104 bytes, fed in pieces of 1, 3, 5, ... bytes that do not line up with them.
   BlockHasher h(104);
   size_t at = 0;
