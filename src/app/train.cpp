@@ -65,16 +65,19 @@ std::string broadcast_string(std::string s, MPI_Comm world) {
   return s;
 }
 
-// Rank 0 verifies the checkpoint --resume names (auto: the newest that verifies) while the other ranks
-// wait; every rank gets its path ("": start from step 0), or nullopt after rank 0 printed why it is refused.
-std::optional<std::string> verified_resume_path(const Plan& plan, const std::string& resume, MPI_Comm world) {
+// Rank 0 verifies the checkpoint --resume names (auto: the newest that verifies, but not the `refused`
+// ones) while the other ranks wait: all of it but a version-3 file's tensor blocks, which the ranks check
+// as they load them. Every rank gets its path ("": start from step 0), or nullopt after rank 0 printed why
+// it is refused.
+std::optional<std::string> verified_resume_path(const Plan& plan, const std::string& resume, MPI_Comm world,
+                                                const std::vector<std::string>& refused) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   std::string path;
   int verified = 1;
   if (rank == 0) {
     try {
-      ResumeChoice choice = choose_resume_checkpoint(resume, plan.checkpoint_dir);
+      ResumeChoice choice = choose_resume_checkpoint(resume, plan.checkpoint_dir, /*check_data=*/false, refused);
       for (const auto& w : choice.warnings) std::fprintf(stderr, "piper: warning: resume: %s\n", w.c_str());
       path = choice.path;
       if (path.empty() && plan.checkpoint_dir.empty())
@@ -101,7 +104,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   double verify_seconds = 0;
   if (!opts.resume.empty()) {
     const double t0 = now_seconds();
-    std::optional<std::string> path = verified_resume_path(plan, opts.resume, world);
+    std::optional<std::string> path = verified_resume_path(plan, opts.resume, world, {});
     if (!path) return kExitBadInput;
     resume_path = *path;
     verify_seconds = now_seconds() - t0;
@@ -117,18 +120,31 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   ex.watch_stop_flag(&stop_signal());
 
   int64_t start = 0;
-  if (!resume_path.empty()) {
-    // Every rank reads its own ranges; a bad file ends all ranks together with exit code 2.
+  std::vector<std::string> refused;  // --resume auto: files whose data a rank found damaged while loading
+  while (!resume_path.empty()) {
+    // Every rank reads (and checks) its own ranges; a bad file ends all ranks together with exit code 2,
+    // or with --resume auto sends them to the next older file that verifies.
     const double read_start = now_seconds();
     int failed = 0, any_failed = 0;
     try {
       start = load_checkpoint(ex, resume_path);
     } catch (const UserError& e) {
-      std::fprintf(stderr, "piper: rank %d: error: %s\n", rank, e.what());
+      std::fprintf(stderr, "piper: rank %d: %s%s\n", rank, opts.resume == "auto" ? "warning: resume: skipped " : "error: ",
+                   e.what());
       failed = 1;
     }
     MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, world));
-    if (any_failed) return 2;
+    if (any_failed) {
+      if (opts.resume != "auto") return kExitBadInput;
+      refused.push_back(resume_path);
+      const double t0 = now_seconds();
+      std::optional<std::string> next = verified_resume_path(plan, opts.resume, world, refused);
+      if (!next) return kExitBadInput;
+      resume_path = *next;
+      verify_seconds = now_seconds() - t0;
+      if (resume_path.empty()) start = 0;
+      continue;
+    }
     if (opts.steps > 0 && opts.steps <= start)  // every rank read the same step: all end here
       throw UserError(cat("--steps ", opts.steps, ": ", resume_path, " is at step ", start,
                           "; a resumed run must end past it (--steps > ", start, ")"));
@@ -136,10 +152,11 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       const double done = now_seconds();
       std::error_code ec;
       const double gb = double(std::filesystem::file_size(resume_path, ec)) / 1e9;
-      std::printf("resumed from %s at step %lld (%.3f GB: verified by rank 0 in %.3f s, every rank's ranges read in "
-                  "%.3f s)\n", resume_path.c_str(), static_cast<long long>(start), ec ? 0.0 : gb, verify_seconds,
-                  done - read_start);
+      std::printf("resumed from %s at step %lld (%.3f GB: its structure and checksum verified by rank 0 in %.3f s, "
+                  "every rank's ranges read and checked in %.3f s)\n", resume_path.c_str(), static_cast<long long>(start),
+                  ec ? 0.0 : gb, verify_seconds, done - read_start);
     }
+    break;
   }
   const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;
   std::ofstream metrics;

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/block_read.hpp"
 #include "ckpt/checksum.hpp"
 #include "ckpt/file_writer.hpp"
 #include "ckpt/folder.hpp"
@@ -55,26 +56,15 @@ std::pair<hsize_t, hsize_t> rows_cols(const ParamSpec& p) {
 }
 
 
-// Reads elements [begin, begin+count) of the flattened tensor into out.
+// Reads elements [begin, begin+count) of the flattened tensor into out (format versions 1 and 2: HDF5
+// reads the hyperslab of whole rows, checking version 2's Fletcher32 chunks).
 void read_range(hid_t file, const std::string& path, const char* group, const ParamSpec& p, int64_t begin,
                 int64_t count, float* out) {
-  std::string name = std::string(group) + "/" + p.name;
-  if (H5Lexists(file, group, H5P_DEFAULT) <= 0 || H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0)
-    throw UserError(cat(path, ": checkpoint has no tensor '", name, "'; it was written for a different model"));
-  Handle ds(H5_CHECK(H5Dopen2(file, name.c_str(), H5P_DEFAULT)), H5Dclose);
+  const std::string name = std::string(group) + "/" + p.name;
+  Handle ds(open_checkpoint_tensor(file, path, group, p), H5Dclose);
   Handle space(H5_CHECK(H5Dget_space(ds)), H5Sclose);
-  int nd = H5_CHECK(H5Sget_simple_extent_ndims(space));
-  std::vector<hsize_t> dims(static_cast<size_t>(nd));
-  H5_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
-  std::vector<hsize_t> want(p.shape.begin(), p.shape.end());
-  if (dims != want) {
-    auto fmt = [](const std::vector<hsize_t>& d) {
-      std::string s = "(";
-      for (size_t i = 0; i < d.size(); ++i) s += cat(i ? ", " : "", d[i]);
-      return s + ")";
-    };
-    throw UserError(cat(path, ": tensor '", name, "' has shape ", fmt(dims), " but the model expects ", fmt(want)));
-  }
+  const int nd = int(p.shape.size());
+  const std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
   auto [rows, cols] = rows_cols(p);
   (void)rows;
   hsize_t r0 = hsize_t(begin) / cols, r1 = (hsize_t(begin + count) - 1) / cols + 1;
@@ -326,8 +316,9 @@ int CheckpointSaver::finish() { return complete_pending(); }
 
 namespace {
 
-// Every rank reads the ranges of parameters and moments that it holds.
-void read_tensors(Executor& ex, hid_t file, const std::string& path) {
+// Every rank reads the ranges of parameters and moments that it holds; `checked` (version 3) reads them
+// through whole blocks checked against their hashes.
+void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockCheckedReader* checked) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
   std::vector<float> host;
@@ -344,7 +335,8 @@ void read_tensors(Executor& ex, hid_t file, const std::string& path) {
         int64_t a = std::max(range_lo, pp.offset), e = std::min(range_hi, pp.offset + spec.numel);
         if (a >= e) continue;
         host.resize(size_t(e - a));
-        read_range(file, path, kGroups[t], spec, a - pp.offset, e - a, host.data());
+        if (checked) checked->read(kGroups[t], spec, a - pp.offset, e - a, host.data());
+        else read_range(file, path, kGroups[t], spec, a - pp.offset, e - a, host.data());
         int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
         k.upload(ex.bucket_ptr(buf, a - range_lo), host.data(), size_t(e - a) * sizeof(float));
       }
@@ -376,7 +368,9 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
     for (const std::string& w : check_resume(read_run_record(file), run_record(plan), plan.allow_changes, path))
       std::fprintf(stderr, "piper: warning: %s\n", w.c_str());
   try {
-    read_tensors(ex, file, path);
+    std::unique_ptr<BlockCheckedReader> checked;
+    if (version >= 3) checked = std::make_unique<BlockCheckedReader>(file, path);
+    read_tensors(ex, file, path, checked.get());
   } catch (const h5::Error&) {
     throw UserError(cat(path, ": cannot be read (damaged or truncated file)"));
   }

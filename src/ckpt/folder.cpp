@@ -90,10 +90,11 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::string& dir) {
+ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::string& dir, bool check_data,
+                                      const std::vector<std::string>& refused) {
   ResumeChoice choice;
   auto take = [&](const std::string& path) {
-    CheckpointInfo info = verify_checkpoint(path);
+    CheckpointInfo info = verify_checkpoint(path, "", check_data);
     choice.path = path;
     choice.step = info.step;
     if (!info.checksummed)
@@ -106,6 +107,10 @@ ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::stri
   }
   std::vector<std::string> skipped;
   for (const std::string& path : list_checkpoints(dir)) {
+    if (std::find(refused.begin(), refused.end(), path) != refused.end()) {
+      skipped.push_back(cat(path, ": its data does not verify (see above)"));
+      continue;
+    }
     try {
       take(path);
       std::vector<std::string> warnings;

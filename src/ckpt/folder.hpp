@@ -26,9 +26,12 @@ struct ResumeChoice {
 };
 
 // --resume `resume` ("auto" or a path): verifies the file (verify.hpp). `auto` takes the newest file of
-// `dir` that verifies and warns about each newer one. Throws UserError when a given path does not verify,
-// or when `dir` holds checkpoint files and none verifies (listing each with why).
-ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::string& dir);
+// `dir` that verifies, not counting the files in `refused`, and warns about each newer one. With
+// `check_data` false a version-3 file's tensors are not read here (the ranks that load it check each
+// block they read). Throws UserError when a given path does not verify, or when `dir` holds checkpoint
+// files and none verifies (listing each with why).
+ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::string& dir, bool check_data = true,
+                                      const std::vector<std::string>& refused = {});
 
 // Removes all but the newest `keep` checkpoints (keep = 0: keep all), never `newest_verified` (the file
 // just written and verified), whatever the files named as newer hold, nor a name without a step number.

@@ -1,0 +1,115 @@
+// Block-checked reading of version-3 checkpoint tensors (see block_read.hpp): whole blocks by pread at
+// the tensor's offset in the file, XXH64 of each against the recorded hash, then the range copied out.
+#include "ckpt/block_read.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "ckpt/checksum.hpp"
+#include "ckpt/hdf5_util.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+using h5::Handle;
+
+namespace {
+
+std::string dims_text(const std::vector<hsize_t>& d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += cat(i ? ", " : "", d[i]);
+  return s + ")";
+}
+
+}  // namespace
+
+hid_t open_checkpoint_tensor(hid_t file, const std::string& path, const char* group, const ParamSpec& p) {
+  const std::string name = cat(group, "/", p.name);
+  if (H5Lexists(file, group, H5P_DEFAULT) <= 0 || H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(cat(path, ": checkpoint has no tensor '", name, "'; it was written for a different model"));
+  Handle ds(H5_CHECK(H5Dopen2(file, name.c_str(), H5P_DEFAULT)), H5Dclose);
+  Handle space(H5_CHECK(H5Dget_space(ds)), H5Sclose);
+  const int nd = H5_CHECK(H5Sget_simple_extent_ndims(space));
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  H5_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
+  const std::vector<hsize_t> want(p.shape.begin(), p.shape.end());
+  if (dims != want)
+    throw UserError(cat(path, ": tensor '", name, "' has shape ", dims_text(dims), " but the model expects ",
+                        dims_text(want)));
+  return std::exchange(ds.id, -1);
+}
+
+BlockCheckedReader::BlockCheckedReader(hid_t file, std::string path) : file_(file), path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw UserError(cat(path_, ": cannot be opened: ", std::strerror(errno)));
+}
+
+BlockCheckedReader::~BlockCheckedReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const BlockCheckedReader::Stored& BlockCheckedReader::stored(const std::string& name, const ParamSpec& p) {
+  auto it = tensors_.find(name);
+  if (it != tensors_.end()) return it->second;
+  const std::string group = name.substr(0, name.find('/'));
+  Handle ds(open_checkpoint_tensor(file_, path_, group.c_str(), p), H5Dclose);
+  Handle dcpl(H5_CHECK(H5Dget_create_plist(ds)), H5Pclose);
+  if (H5Pget_layout(dcpl) != H5D_CONTIGUOUS)
+    throw UserError(cat(path_, ": tensor '", name, "' is not stored contiguously, as format version 3 stores it"));
+  Stored s;
+  int64_t block = 0;
+  try {
+    if (!h5::read_attr_i64(ds, kBlockElementsAttribute, block) || !h5::read_attr_u64s(ds, kBlockHashesAttribute, s.hashes))
+      throw UserError(cat("has no attributes '", kBlockElementsAttribute, "' and '", kBlockHashesAttribute, "'"));
+  } catch (const UserError& e) {
+    throw UserError(cat(path_, ": tensor '", name, "': ", e.what()));
+  }
+  const uint64_t numel = uint64_t(p.numel);
+  if (block <= 0 || s.hashes.size() != checksum_block_count(numel, uint64_t(block)))
+    throw UserError(cat(path_, ": tensor '", name, "' records ", s.hashes.size(), " block checksums of ", block,
+                        " elements for its ", numel, " elements (damaged)"));
+  s.block = uint64_t(block);
+  const haddr_t at = numel == 0 ? 0 : H5Dget_offset(ds);
+  if (numel > 0 && at == HADDR_UNDEF)
+    throw UserError(cat(path_, ": tensor '", name, "' has no data in the file (never written)"));
+  s.offset = uint64_t(at);
+  return tensors_.emplace(name, std::move(s)).first->second;
+}
+
+void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out) {
+  if (count <= 0) return;
+  const std::string name = cat(group, "/", p.name);
+  const Stored& s = stored(name, p);
+  const uint64_t numel = uint64_t(p.numel), end = uint64_t(begin + count);
+  for (uint64_t b = uint64_t(begin) / s.block; b * s.block < end; ++b) {
+    const uint64_t from = b * s.block, to = std::min(numel, from + s.block);  // the block's elements
+    block_.resize(size_t(to - from));
+    const size_t bytes = block_.size() * sizeof(float);
+    auto* dst = reinterpret_cast<char*>(block_.data());
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t r = ::pread(fd_, dst + done, bytes - done, off_t(s.offset + from * sizeof(float) + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw UserError(cat(path_, ": tensor '", name, "' cannot be read (", r < 0 ? std::strerror(errno) : "the file ends early",
+                            "): the file is damaged or truncated"));
+      done += size_t(r);
+    }
+    if (block_hash(block_.data(), bytes) != s.hashes[size_t(b)])
+      throw UserError(cat(path_, ": tensor '", name, "' is damaged (checksum mismatch): its block ", b, " (elements ",
+                          from, " to ", to - 1, ") does not match its recorded hash"));
+    const auto bad = std::find_if(block_.begin(), block_.end(), [](float v) { return !std::isfinite(v); });
+    if (bad != block_.end())
+      throw UserError(cat(path_, ": tensor '", name, "' holds a non-finite value (", *bad, " at element ",
+                          from + uint64_t(bad - block_.begin()), ")"));
+    const uint64_t lo = std::max<uint64_t>(from, uint64_t(begin)), hi = std::min(to, end);
+    std::copy(block_.begin() + long(lo - from), block_.begin() + long(hi - from), out + (lo - uint64_t(begin)));
+  }
+}
+
+}  // namespace piper

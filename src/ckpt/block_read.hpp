@@ -1,0 +1,48 @@
+// Reading element ranges of a format-version-3 checkpoint's tensors in one pass that also verifies them:
+// the whole checksum blocks a range touches are read straight from the file, each checked against its
+// recorded hash (the file's checksum, which rank 0 verified, covers those) and for non-finite values.
+#pragma once
+#include <hdf5.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/model.hpp"
+
+namespace piper {
+
+class BlockCheckedReader {
+ public:
+  // `file` is the open checkpoint, `path` its name for messages. Throws UserError when it cannot be opened.
+  BlockCheckedReader(hid_t file, std::string path);
+  ~BlockCheckedReader();
+  BlockCheckedReader(const BlockCheckedReader&) = delete;
+  BlockCheckedReader& operator=(const BlockCheckedReader&) = delete;
+
+  // Elements [begin, begin + count) of group/p.name, flattened row-major, into `out`. Throws UserError
+  // "PATH: tensor 'NAME' ..." when the tensor is missing, has another shape or layout, or a block it
+  // touches does not match its recorded hash or holds a non-finite value.
+  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out);
+
+ private:
+  struct Stored {
+    uint64_t offset = 0;               // bytes from the start of the file
+    uint64_t block = 0;                // elements per checksum block
+    std::vector<uint64_t> hashes;      // recorded hash of each block
+  };
+  const Stored& stored(const std::string& name, const ParamSpec& p);
+
+  hid_t file_;
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, Stored> tensors_;
+  std::vector<float> block_;  // one block of a tensor, as read
+};
+
+// Checks that group/p.name exists with p's shape; returns the open dataset (the caller closes it).
+// Throws UserError naming `path` and the tensor otherwise.
+hid_t open_checkpoint_tensor(hid_t file, const std::string& path, const char* group, const ParamSpec& p);
+
+}  // namespace piper
