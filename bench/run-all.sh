@@ -14,6 +14,7 @@ BENCHMARKS=(
   "moe.py"
   "compile_scale.py"
   "zero.py"
+  "zero_peak.py"
   "checkpoint_io.py"
   "schedules.py"
 )

@@ -30,7 +30,8 @@ std::string directive_text(const Directive& d, bool full) {
       if (i + 1 == n) s += "]";
     }
   } else if (d.op == "replicate") {
-    s += cat(" filter = ", d.filter.str(), ", zero = ", d.zero, ", bucket_mb = ", d.bucket_mb, ", stream = \"", d.stream, "\"");
+    s += cat(" filter = ", d.filter.str(), ", zero = ", d.zero, ", bucket_mb = ", d.bucket_mb,
+             ", grad_buckets_in_flight = ", d.grad_buckets_in_flight, ", stream = \"", d.stream, "\"");
   } else if (d.op == "shard") {
     s += cat(" filter = ", d.filter.str(), ", stream = \"", d.stream, "\"");
   } else if (d.op == "schedule") {

@@ -2,6 +2,7 @@
 // buffers — activations per boundary and microbatch, stashes, parameter buckets (full or sharded),
 // gradients, optimizer moments — then derives cross-stream waits, buffer uses and the memory estimate.
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 #include <tuple>
@@ -99,6 +100,13 @@ class Lowerer {
   int32_t last_compute_ = -1;                              // index of the last compute instruction
   std::map<size_t, std::vector<int>> receives_for_;        // consumer's compute position → receives
   std::map<int, int32_t> last_reduce_scatter_;             // graph bucket → its latest reduce-scatter
+  // Full-gradient buffers of one microbatch (ZeRO 2 and 3) come and go: allocated by the first backward
+  // that writes them, freed when their reduce-scatter completes. `grad_buffers_alive_` counts those
+  // allocated and not yet known to be freed; `unwaited_reduce_scatters_` holds, oldest first, the posted
+  // reduce-scatters of such buffers that no instruction has waited for yet.
+  std::set<int> grad_buffers_started_;
+  int grad_buffers_alive_ = 0;
+  std::deque<int32_t> unwaited_reduce_scatters_;
 
   int stream_id(const std::string& name) {
     auto it = streams_.find(name);
@@ -211,6 +219,27 @@ class Lowerer {
   const PlanBucket& plan_bucket(int gb) const { return p_.buckets[size_t(bucket_index_.at(gb))]; }
 
   int64_t shard_count(const PlanBucket& pb) const { return pb.padded / pb.group_size; }
+
+  // `in` waits for reduce-scatter `rs`; a reduce-scatter of a transient gradient buffer waited for frees it.
+  void wait_for_reduce_scatter(Instr& in, int32_t rs) {
+    if (std::find(in.waits.begin(), in.waits.end(), rs) == in.waits.end()) in.waits.push_back(rs);
+    auto it = std::find(unwaited_reduce_scatters_.begin(), unwaited_reduce_scatters_.end(), rs);
+    if (it != unwaited_reduce_scatters_.end()) {
+      unwaited_reduce_scatters_.erase(it);
+      --grad_buffers_alive_;
+    }
+  }
+
+  // Before `in` allocates the transient gradient buffer `gbuf` of bucket gb: at most the region's
+  // grad_buckets_in_flight such buffers are alive at once, so it waits for the oldest reduce-scatters
+  // posted (not for ones still to come: their buffers are still being written).
+  void limit_grad_buffers(Instr& in, int gb, int gbuf) {
+    if (!grad_buffers_started_.insert(gbuf).second) return;  // allocated by an earlier instruction
+    const int limit = g_.regions[size_t(g_.buckets[size_t(gb)].region)].grad_buckets_in_flight;
+    while (grad_buffers_alive_ >= limit && !unwaited_reduce_scatters_.empty())
+      wait_for_reduce_scatter(in, unwaited_reduce_scatters_.front());
+    ++grad_buffers_alive_;
+  }
 
   // Gradient buffer a compute node of microbatch `mb` writes for bucket gb.
   int grad_target(int gb, int mb) {
@@ -448,9 +477,8 @@ class Lowerer {
         // At most one microbatch's full gradients per bucket: the next one is written only after the
         // previous one has been reduce-scattered.
         auto prev = last_reduce_scatter_.find(gb);
-        if (plan_bucket(gb).shard_grads && prev != last_reduce_scatter_.end() &&
-            std::find(in.waits.begin(), in.waits.end(), prev->second) == in.waits.end())
-          in.waits.push_back(prev->second);
+        if (plan_bucket(gb).shard_grads && prev != last_reduce_scatter_.end()) wait_for_reduce_scatter(in, prev->second);
+        if (plan_bucket(gb).shard_grads && !plan_bucket(gb).owned_slices) limit_grad_buffers(in, gb, gbuf);
       } else {
         in.gbuf.push_back(-1);
         in.overwrite.push_back(0);
@@ -514,6 +542,7 @@ class Lowerer {
       in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch"));
     } else {  // one microbatch's full gradients into the persistent shard
       last_reduce_scatter_[n.bucket] = int32_t(p_.instrs.size());
+      if (!pb.owned_slices) unwaited_reduce_scatters_.push_back(int32_t(p_.instrs.size()));
       in.src = grad_target(n.bucket, n.mb);
       in.buf = pb.grad_shard_buf;
       if (!shard_written_.insert(pb.grad_shard_buf).second) {

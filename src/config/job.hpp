@@ -77,6 +77,7 @@ struct MeshSpec {
   int microbatches = 0;  // 0: pp (or 1 without pipeline)
   int zero = 0;
   double bucket_mb = 25.0;
+  int grad_buckets_in_flight = 2;
   std::string schedule;  // empty: default
   SourceLoc loc;
 };
@@ -105,6 +106,7 @@ struct Directive {
   // replicate
   int zero = 0;
   double bucket_mb = 25.0;
+  int grad_buckets_in_flight = 2;  // zero >= 2: full-gradient buffers alive at once (waiting on reductions)
   std::string stream = "dp";
   // order
   std::vector<std::vector<Filter>> slots;

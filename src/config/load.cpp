@@ -225,6 +225,7 @@ void load_mesh(TomlReader& r, MeshSpec& m) {
   m.microbatches = int(r.get_int("microbatches", 0, 0, 1 << 20));
   m.zero = int(r.get_int("zero", 0, 0, 3));
   m.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
+  m.grad_buckets_in_flight = int(r.get_int("grad_buckets_in_flight", 2, 1, 1 << 20));
   m.schedule = r.get_string("schedule", "", kScheduleKinds);
   r.finish();
 }
@@ -355,6 +356,7 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       d.filter = filter_or_all(false);
       d.zero = int(r.get_int("zero", 0, 0, 3));
       d.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
+      d.grad_buckets_in_flight = int(r.get_int("grad_buckets_in_flight", 2, 1, 1 << 20));
       d.stream = r.get_string("stream", "dp");
     } else if (d.op == "shard") {
       d.filter = filter_or_all(true);

@@ -78,6 +78,7 @@ struct Region {
   // replication (set by the replicate pass; zero = -1 means not replicated)
   int zero = -1;
   double bucket_mb = 25.0;
+  int grad_buckets_in_flight = 2;  // zero >= 2: full-gradient buffers alive at once on a rank
   std::string dp_stream = "dp";
   int replicate_directive = -1;
   // sharding (the shard pass): its segments' parameters are spread over the set's ranks

@@ -67,6 +67,7 @@ void expand_mesh(JobSpec& spec, int world) {
     Directive d = make("replicate");
     d.zero = mesh.zero;
     d.bucket_mb = mesh.bucket_mb;
+    d.grad_buckets_in_flight = mesh.grad_buckets_in_flight;
     added.push_back(d);
   }
   if (!has_op("schedule") && !mesh.schedule.empty()) {

@@ -23,6 +23,7 @@ void mark_replicate(Graph& g, const Directive& d) {
       throw UserError(cat(d.describe(), ": ", r.label(), " is already replicated by directive #", r.replicate_directive));
     r.zero = d.zero;
     r.bucket_mb = d.bucket_mb;
+    r.grad_buckets_in_flight = d.grad_buckets_in_flight;
     r.dp_stream = d.stream;
     r.replicate_directive = d.index;
   }
