@@ -6,7 +6,8 @@ rank 0's memory growth during a save, for that model and for the quickstart's 30
 what checkpoints cost the quickstart's training (60 steps at 2 threads, a save every 10 steps: none,
 synchronous, asynchronous, interleaved), from the run's own time for its training loop.
 
-The page cache is dropped before every read (piper's resume and dd's) when /proc/sys/vm/drop_caches is
+Each checkpoint is resumed twice on as many ranks: as it was saved (ZeRO-0: every replica holds, so reads,
+the whole state) and under ZeRO-3 (every rank reads only its shard). The page cache is dropped before every read (piper's resume and dd's) when /proc/sys/vm/drop_caches is
 writable; the script says whether it was. Piper's read is two phases: rank 0 verifies the file's structure
 and checksum (attributes and block hashes, not the tensors' bytes), then every rank reads its own ranges
 through whole blocks and checks each against its hash.
@@ -65,9 +66,10 @@ def save(build, ranks, folder, model):
             "path": os.path.join(folder, m.group(1))}
 
 
-def resume(build, ranks, path, model):
+def resume(build, ranks, path, model, zero=0):
     drop_caches()
-    out = piper(build, ranks, *model, "--steps", "2", "--resume", path, "--set", 'checkpoint.dir=""')
+    out = piper(build, ranks, *model, "--steps", "2", "--resume", path, "--set", 'checkpoint.dir=""',
+                "--set", f"mesh.zero={zero}")
     m = RESUMED.search(out)
     if not m:
         sys.exit(f"checkpoint_io: no 'resumed' line in:\n{out[-3000:]}")
@@ -121,12 +123,14 @@ def bandwidth(build, ranks, rounds, work):
         for r in ranks:
             s = save(build, r, os.path.join(work, f"np{r}"), BIG)
             s.update(resume(build, r, s["path"], BIG))
+            z3 = resume(build, r, s["path"], BIG, zero=3) if r > 1 else dict(s)
+            s["z3_verify_s"], s["z3_read_s"] = z3["verify_s"], z3["read_s"]
             rows[r].append(s)
             shutil.rmtree(os.path.join(work, f"np{r}"), ignore_errors=True)
             gb, dd_w, dd_r = dd(work, int(s["gb"] * 1e9))
             dd_rows.append((gb, dd_w, dd_r))
             print(f"round {rnd + 1} ranks {r}: save {s['gb']:.3f} GB in {s['s']:.3f} s, rank 0 +{s['mib']:.1f} MiB; "
-                  f"resume: verify {s['verify_s']:.3f} s, ranges {s['read_s']:.3f} s; "
+                  f"resume: verify {s['verify_s']:.3f} s, ranges {s['read_s']:.3f} s (ZeRO-3: {s['z3_read_s']:.3f} s); "
                   f"dd {gb:.3f} GB: write {dd_w:.3f} s, read {dd_r:.3f} s", flush=True)
 
     med = statistics.median
@@ -136,17 +140,18 @@ def bandwidth(build, ranks, rounds, work):
     print(f"median of {rounds} round(s); dd (same bytes, same disk, between piper's runs): "
           f"write {dd_w:.3f} GB/s, read {dd_r:.3f} GB/s")
     print("| ranks | GB | save GB/s | save / dd write | rank 0 memory during save | resume: rank 0 check s | "
-          "ranges read and checked GB/s | whole resume / dd read |")
-    print("|---|---|---|---|---|---|---|---|")
+          "ranges read and checked GB/s | whole resume / dd read | ZeRO-3 resume / dd read |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in ranks:
         gb = rows[r][0]["gb"]
         save_bw = med(x["gb"] / x["s"] for x in rows[r])
         check_s = med(x["verify_s"] for x in rows[r])
         read_bw = med(x["gb"] / x["read_s"] for x in rows[r])
         whole = med(x["gb"] / (x["verify_s"] + x["read_s"]) for x in rows[r])
+        whole3 = med(x["gb"] / (x["z3_verify_s"] + x["z3_read_s"]) for x in rows[r])
         mib = med(x["mib"] for x in rows[r])
         print(f"| {r} | {gb:.3f} | {save_bw:.3f} | {save_bw / dd_w:.2f} | +{mib:.1f} MiB | {check_s:.3f} | "
-              f"{read_bw:.3f} | {whole / dd_r:.2f} |")
+              f"{read_bw:.3f} | {whole / dd_r:.2f} | {whole3 / dd_r:.2f} |")
 
     small = save(build, 1, os.path.join(work, "small"), [])
     big = med(x["mib"] for x in rows[ranks[0]])

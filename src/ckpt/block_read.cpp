@@ -48,6 +48,18 @@ hid_t open_checkpoint_tensor(hid_t file, const std::string& path, const char* gr
 BlockCheckedReader::BlockCheckedReader(hid_t file, std::string path) : file_(file), path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw UserError(cat(path_, ": cannot be opened: ", std::strerror(errno)));
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);  // ranges are read in file order: a wider read-ahead
+}
+
+// Asks the kernel to start reading the file from `at` on, kPrefetchBytes ahead of the reads, so that the
+// disk works while this rank checks and copies what it has read.
+void BlockCheckedReader::prefetch(uint64_t at) {
+  constexpr uint64_t kPrefetchBytes = uint64_t(64) << 20, kStep = uint64_t(16) << 20;
+  if (at < prefetched_from_ || at > prefetched_to_) prefetched_from_ = prefetched_to_ = at;  // a jump: start anew
+  if (prefetched_to_ >= at + kPrefetchBytes - kStep) return;
+  const uint64_t to = at + kPrefetchBytes;
+  ::posix_fadvise(fd_, off_t(prefetched_to_), off_t(to - prefetched_to_), POSIX_FADV_WILLNEED);
+  prefetched_to_ = to;
 }
 
 BlockCheckedReader::~BlockCheckedReader() {
@@ -82,32 +94,41 @@ const BlockCheckedReader::Stored& BlockCheckedReader::stored(const std::string& 
   return tensors_.emplace(name, std::move(s)).first->second;
 }
 
-void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out) {
+void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out,
+                              int stride, int phase) {
   if (count <= 0) return;
   const std::string name = cat(group, "/", p.name);
   const Stored& s = stored(name, p);
   const uint64_t numel = uint64_t(p.numel), end = uint64_t(begin + count);
-  for (uint64_t b = uint64_t(begin) / s.block; b * s.block < end; ++b) {
-    const uint64_t from = b * s.block, to = std::min(numel, from + s.block);  // the block's elements
-    block_.resize(size_t(to - from));
-    const size_t bytes = block_.size() * sizeof(float);
-    auto* dst = reinterpret_cast<char*>(block_.data());
+  auto read_bytes = [&](void* dst, uint64_t elements, uint64_t first) {  // elements [first, first + n)
+    auto* p = static_cast<char*>(dst);
+    const size_t bytes = size_t(elements) * sizeof(float);
+    prefetch(s.offset + first * sizeof(float));
     for (size_t done = 0; done < bytes;) {
-      const ssize_t r = ::pread(fd_, dst + done, bytes - done, off_t(s.offset + from * sizeof(float) + done));
+      const ssize_t r = ::pread(fd_, p + done, bytes - done, off_t(s.offset + first * sizeof(float) + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0)
         throw UserError(cat(path_, ": tensor '", name, "' cannot be read (", r < 0 ? std::strerror(errno) : "the file ends early",
                             "): the file is damaged or truncated"));
       done += size_t(r);
     }
-    if (block_hash(block_.data(), bytes) != s.hashes[size_t(b)])
+  };
+  for (uint64_t b = uint64_t(begin) / s.block; b * s.block < end; ++b) {
+    const uint64_t from = b * s.block, to = std::min(numel, from + s.block);  // the block's elements
+    const uint64_t lo = std::max<uint64_t>(from, uint64_t(begin)), hi = std::min(to, end);  // the range's part
+    if (int(b % uint64_t(stride)) != phase) {  // another rank checks this block: read only the range's part
+      read_bytes(out + (lo - uint64_t(begin)), hi - lo, lo);
+      continue;
+    }
+    block_.resize(size_t(to - from));
+    read_bytes(block_.data(), to - from, from);
+    if (block_hash(block_.data(), block_.size() * sizeof(float)) != s.hashes[size_t(b)])
       throw UserError(cat(path_, ": tensor '", name, "' is damaged (checksum mismatch): its block ", b, " (elements ",
                           from, " to ", to - 1, ") does not match its recorded hash"));
     const auto bad = std::find_if(block_.begin(), block_.end(), [](float v) { return !std::isfinite(v); });
     if (bad != block_.end())
       throw UserError(cat(path_, ": tensor '", name, "' holds a non-finite value (", *bad, " at element ",
                           from + uint64_t(bad - block_.begin()), ")"));
-    const uint64_t lo = std::max<uint64_t>(from, uint64_t(begin)), hi = std::min(to, end);
     std::copy(block_.begin() + long(lo - from), block_.begin() + long(hi - from), out + (lo - uint64_t(begin)));
   }
 }

@@ -23,8 +23,10 @@ class BlockCheckedReader {
 
   // Elements [begin, begin + count) of group/p.name, flattened row-major, into `out`. Throws UserError
   // "PATH: tensor 'NAME' ..." when the tensor is missing, has another shape or layout, or a block it
-  // touches does not match its recorded hash or holds a non-finite value.
-  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out);
+  // touches does not match its recorded hash or holds a non-finite value. Only the blocks b with
+  // b % stride == phase are checked (ranks that read the same range share its checks).
+  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out, int stride = 1,
+            int phase = 0);
 
  private:
   struct Stored {
@@ -33,10 +35,12 @@ class BlockCheckedReader {
     std::vector<uint64_t> hashes;      // recorded hash of each block
   };
   const Stored& stored(const std::string& name, const ParamSpec& p);
+  void prefetch(uint64_t at);
 
   hid_t file_;
   std::string path_;
   int fd_ = -1;
+  uint64_t prefetched_from_ = 0, prefetched_to_ = 0;  // file bytes asked for ahead of the reads
   std::map<std::string, Stored> tensors_;
   std::vector<float> block_;  // one block of a tensor, as read
 };

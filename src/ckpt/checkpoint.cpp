@@ -316,12 +316,21 @@ int CheckpointSaver::finish() { return complete_pending(); }
 
 namespace {
 
-// Every rank reads the ranges of parameters and moments that it holds; `checked` (version 3) reads them
-// through whole blocks checked against their hashes.
+// Every rank reads the ranges of parameters and moments that it holds, in the order they lie in the file;
+// `checked` (version 3) reads them through whole blocks checked against their hashes. A range every
+// replica of a data-parallel group reads alike has its blocks checked by one of them each (block b by
+// replica b mod n); the ranks agree on any failure before training starts.
 void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockCheckedReader* checked) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
-  std::vector<float> host;
+  struct Range {
+    int t;                       // 0 params, 1 adam_m, 2 adam_v
+    const PlanParam* pp;
+    int64_t begin, count;        // elements of the tensor
+    float* dst;                  // where they go in the state
+    int stride, phase;           // blocks this rank checks: b % stride == phase
+  };
+  std::vector<Range> ranges;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
     const int64_t shard = pb.padded / pb.group_size;
@@ -334,13 +343,29 @@ void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockChecke
         const int64_t range_lo = sharded ? lo : 0, range_hi = sharded ? lo + shard : pb.padded;
         int64_t a = std::max(range_lo, pp.offset), e = std::min(range_hi, pp.offset + spec.numel);
         if (a >= e) continue;
-        host.resize(size_t(e - a));
-        if (checked) checked->read(kGroups[t], spec, a - pp.offset, e - a, host.data());
-        else read_range(file, path, kGroups[t], spec, a - pp.offset, e - a, host.data());
         int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
-        k.upload(ex.bucket_ptr(buf, a - range_lo), host.data(), size_t(e - a) * sizeof(float));
+        const bool alike = !sharded && pb.group_size > 1;
+        ranges.push_back({t, &pp, a - pp.offset, e - a, ex.bucket_ptr(buf, a - range_lo), alike ? pb.group_size : 1,
+                          alike ? plan.replica % pb.group_size : 0});
       }
     }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) {  // groups, then parameters
+    return std::tie(x.t, x.pp->model_param, x.begin) < std::tie(y.t, y.pp->model_param, y.begin);
+  });
+  // Replicas reading the same ranges start at different places of the list (replica r of n at r/n of it),
+  // so that they read different parts of the file at once and each part comes off the disk once.
+  int replicas = 1;
+  for (const PlanBucket& pb : plan.buckets) replicas = std::max(replicas, int(pb.group_size));
+  std::rotate(ranges.begin(), ranges.begin() + long(ranges.size() * size_t(plan.replica % replicas) / size_t(replicas)),
+              ranges.end());
+  std::vector<float> host;
+  for (const Range& r : ranges) {
+    const ParamSpec& spec = plan.params[size_t(r.pp->model_param)];
+    host.resize(size_t(r.count));
+    if (checked) checked->read(kGroups[r.t], spec, r.begin, r.count, host.data(), r.stride, r.phase);
+    else read_range(file, path, kGroups[r.t], spec, r.begin, r.count, host.data());
+    k.upload(r.dst, host.data(), size_t(r.count) * sizeof(float));
   }
 }
 
