@@ -2,6 +2,7 @@
 // every pointer is device memory of the backend. Shapes are row-major and written next to each call.
 #pragma once
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 
 namespace piper {
@@ -127,6 +128,10 @@ class Kernels {
   // Host ↔ device copies (plain memcpy on CPU).
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Host memory that copies to and from the device run fastest from (page-locked on CUDA; plain on CPU).
+  // Null when it cannot be had; freed with host_free.
+  virtual void* host_alloc(size_t bytes) { return std::malloc(bytes); }
+  virtual void host_free(void* p) { std::free(p); }
 };
 
 }  // namespace piper

@@ -94,6 +94,8 @@ class ProfilingKernels : public Kernels {
   void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
   void upload(void* dst, const void* host_src, size_t bytes) override { k_.upload(dst, host_src, bytes); }
   void download(void* host_dst, const void* src, size_t bytes) override { k_.download(host_dst, src, bytes); }
+  void* host_alloc(size_t bytes) override { return k_.host_alloc(bytes); }
+  void host_free(void* p) override { k_.host_free(p); }
 
  private:
   // Runs `f`, adds its time to the kernel's, the current region's and (for matmuls) the shape's totals.

@@ -228,9 +228,14 @@ struct CheckpointSaver::Pending {
   const Plan* plan = nullptr;
   double started = 0, step_wait = 0;  // when the save began; how long its step waited for the copy
   std::unique_ptr<ParallelCheckpointWrite> write;
-  std::vector<std::vector<float>> copies;  // this rank's slices, in host memory
+  Kernels* kernels = nullptr;
+  float* host = nullptr;            // this rank's slices, one after another (page-locked on CUDA)
+  std::vector<size_t> slice_at;     // where each slice starts in `host`, in elements
   std::thread writer;
   std::atomic<bool> written{false};
+  ~Pending() {
+    if (host) kernels->host_free(host);  // on the thread that allocated it, once the writer is done
+  }
 };
 
 CheckpointSaver::CheckpointSaver(std::string dir, int keep, bool async, MPI_Comm world)
@@ -286,19 +291,29 @@ int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
   }
   // The step's copy of this rank's slices (host memory of the size of its own share), then training goes on.
   Kernels& k = ex.backend().kernels();
+  size_t elements = 0;
   for (const Piece& piece : pieces)
-    for (int t = 0; t < 3; ++t) {
-      p->copies.emplace_back(size_t(piece.count));
-      k.download(p->copies.back().data(), piece.src[t], size_t(piece.count) * sizeof(float));
-    }
+    for (int t = 0; t < 3; ++t) p->slice_at.push_back(elements), elements += size_t(piece.count);
+  p->kernels = &k;
+  p->host = static_cast<float*>(k.host_alloc(std::max<size_t>(elements, 1) * sizeof(float)));
+  int copied = p->host ? 1 : 0, all_copied = 0;
+  for (size_t i = 0; copied && i < pieces.size(); ++i)
+    for (int t = 0; t < 3; ++t)
+      k.download(p->host + p->slice_at[3 * i + size_t(t)], pieces[i].src[t], size_t(pieces[i].count) * sizeof(float));
+  MPI_CHECK(MPI_Allreduce(&copied, &all_copied, 1, MPI_INT, MPI_MIN, comm_));
+  if (!all_copied) {
+    if (!copied)
+      std::fprintf(stderr, "piper: rank %d: error: checkpoint at step %lld not written: cannot allocate %zu bytes of "
+                   "host memory for its asynchronous copy\n", rank_, static_cast<long long>(steps_done),
+                   elements * sizeof(float));
+    return kExitFailure;  // the unfinished file is removed with the write
+  }
   p->step_wait = now_seconds() - t0;
   Pending* raw = p.get();
   raw->writer = std::thread([raw] {
     raw->write->write_local([raw](size_t slice, int64_t at, int64_t count, float* dst) {
-      std::memcpy(dst, raw->copies[slice].data() + at, size_t(count) * sizeof(float));
+      std::memcpy(dst, raw->host + raw->slice_at[slice] + at, size_t(count) * sizeof(float));
     });
-    raw->copies.clear();
-    raw->copies.shrink_to_fit();
     raw->written = true;
   });
   pending_ = std::move(p);

@@ -3,6 +3,7 @@
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/cuda_kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_launch.hpp"
@@ -291,6 +292,15 @@ void CudaKernels::upload(void* dst, const void* host_src, size_t bytes) {
   // Ordered after the stream's earlier work; complete on return, so the host buffer may be reused.
   CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, t.stream.stream()));
   CUDA_CHECK(cudaStreamSynchronize(t.stream.stream()));
+}
+
+void* CudaKernels::host_alloc(size_t bytes) {
+  void* p = nullptr;
+  return cudaMallocHost(&p, std::max<size_t>(bytes, 1)) == cudaSuccess ? p : nullptr;
+}
+
+void CudaKernels::host_free(void* p) {
+  if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 
 void CudaKernels::download(void* host_dst, const void* src, size_t bytes) {

@@ -75,6 +75,8 @@ class CudaKernels final : public Kernels {
   void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
+  void* host_alloc(size_t bytes) override;  // cudaMallocHost: page-locked
+  void host_free(void* p) override;
 
  private:
   CudaStream* fallback_;
