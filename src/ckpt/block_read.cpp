@@ -19,16 +19,6 @@ namespace piper {
 
 using h5::Handle;
 
-namespace {
-
-std::string dims_text(const std::vector<hsize_t>& d) {
-  std::string s = "(";
-  for (size_t i = 0; i < d.size(); ++i) s += cat(i ? ", " : "", d[i]);
-  return s + ")";
-}
-
-}  // namespace
-
 hid_t open_checkpoint_tensor(hid_t file, const std::string& path, const char* group, const ParamSpec& p) {
   const std::string name = cat(group, "/", p.name);
   if (H5Lexists(file, group, H5P_DEFAULT) <= 0 || H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0)
@@ -40,8 +30,8 @@ hid_t open_checkpoint_tensor(hid_t file, const std::string& path, const char* gr
   H5_CHECK(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
   const std::vector<hsize_t> want(p.shape.begin(), p.shape.end());
   if (dims != want)
-    throw UserError(cat(path, ": tensor '", name, "' has shape ", dims_text(dims), " but the model expects ",
-                        dims_text(want)));
+    throw UserError(cat(path, ": tensor '", name, "' has shape ", h5::dims_text(dims), " but the model expects ",
+                        h5::dims_text(want)));
   return std::exchange(ds.id, -1);
 }
 

@@ -111,6 +111,20 @@ std::string write_failure(const std::string& file, const std::exception& e) {
 
 // Truncating first lets HDF5 flush what it still holds and close the file even on a full disk (a handle
 // left open would crash HDF5's cleanup at exit).
+std::string verify_and_rename(const std::string& tmp, const std::string& final_path, bool read_data) {
+  try {
+    verify_checkpoint(tmp, fs::path(final_path).filename().string(), read_data);
+  } catch (const UserError& e) {
+    return cat("the file written does not verify: ", e.what());
+  }
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  if (ec) return cat("cannot rename ", tmp, " to ", final_path, ": ", ec.message());
+  const fs::path dir = fs::path(final_path).parent_path().empty() ? fs::path(".") : fs::path(final_path).parent_path();
+  if (int err = fsync_path(dir.string(), true)) return cat(dir.string(), ": fsync of the folder: ", std::strerror(err));
+  return "";
+}
+
 void abandon_file(hid_t file, const std::string& path) {
   if (file >= 0) {
     void* fd = nullptr;
@@ -185,19 +199,8 @@ int CheckpointFileWriter::finish() {
     }
   }
   if (failure_.empty()) {
-    try {
-      verify_checkpoint(tmp_path_, fs::path(final_path_).filename().string());
-    } catch (const UserError& e) {
-      record(kExitFailure, cat("the file written does not verify: ", e.what()));
-    }
-  }
-  if (failure_.empty()) {
-    std::error_code ec;
-    fs::rename(tmp_path_, final_path_, ec);
-    const fs::path dir = fs::path(final_path_).parent_path().empty() ? fs::path(".") : fs::path(final_path_).parent_path();
-    if (ec) record(kExitFailure, cat("cannot rename ", tmp_path_, " to ", final_path_, ": ", ec.message()));
-    else if (int err = fsync_path(dir.string(), true))
-      record(kExitFailure, cat(dir.string(), ": fsync of the folder: ", std::strerror(err)));
+    const std::string why = verify_and_rename(tmp_path_, final_path_, /*read_data=*/true);
+    if (!why.empty()) record(kExitFailure, why);
   }
   if (failure_.empty()) {
     finished_ = true;

@@ -51,6 +51,11 @@ std::string write_failure(const std::string& file, const std::exception& e);
 // After a failed write: frees the temporary file's space, closes everything open in it and removes it.
 void abandon_file(hid_t file, const std::string& path);
 
+// The last step of every save: verifies the complete temporary file `tmp` under the name it will get (with
+// `read_data` false, a version-3 file's tensor bytes are not read again), renames it to `final_path` and
+// fsyncs the folder. "" when done, or why not.
+std::string verify_and_rename(const std::string& tmp, const std::string& final_path, bool read_data);
+
 // One checkpoint file being written: `.NAME.tmp` next to `final_path`, renamed to it only once complete,
 // synced and verified. The first failure is kept and everything after it skipped; finish() reports it.
 class CheckpointFileWriter {

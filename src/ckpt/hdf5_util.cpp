@@ -66,6 +66,12 @@ std::vector<std::string> attribute_names(hid_t obj) {
   return names;
 }
 
+std::string dims_text(const std::vector<hsize_t>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += cat(i ? ", " : "", dims[i]);
+  return s + ")";
+}
+
 void write_attr_i64(hid_t obj, const char* name, int64_t v) {
   Handle space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
   Handle a(H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);

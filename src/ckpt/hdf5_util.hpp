@@ -53,6 +53,9 @@ int recorded_errno();
 // Names of the root attributes, in byte order.
 std::vector<std::string> attribute_names(hid_t obj);
 
+// A dataset's dimensions for messages: "(2, 3)".
+std::string dims_text(const std::vector<hsize_t>& dims);
+
 void write_attr_i64(hid_t obj, const char* name, int64_t v);
 void write_attr_str(hid_t obj, const char* name, const std::string& v);
 // A 1-D uint64 attribute; an existing one of the same length is overwritten in place.

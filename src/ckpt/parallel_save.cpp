@@ -318,20 +318,9 @@ int ParallelCheckpointWrite::finish_rank0(std::vector<std::vector<uint64_t>>& ha
   } catch (const std::exception& e) {
     record(kExitFailure, write_failure(tmp_path_, e));
   }
-  if (code_ == 0) {
-    try {  // every rank hashed what it wrote: the tensors are not read again here
-      verify_checkpoint(tmp_path_, fs::path(final_path_).filename().string(), /*read_data=*/false);
-    } catch (const UserError& e) {
-      record(kExitFailure, cat("the file written does not verify: ", e.what()));
-    }
-  }
-  if (code_ == 0) {
-    std::error_code ec;
-    fs::rename(tmp_path_, final_path_, ec);
-    const fs::path dir = fs::path(final_path_).parent_path().empty() ? fs::path(".") : fs::path(final_path_).parent_path();
-    if (ec) record(kExitFailure, cat("cannot rename ", tmp_path_, " to ", final_path_, ": ", ec.message()));
-    else if (int err = fsync_path(dir.string(), true))
-      record(kExitFailure, cat(dir.string(), ": fsync of the folder: ", std::strerror(err)));
+  if (code_ == 0) {  // every rank hashed what it wrote: the tensors are not read again here
+    const std::string why = verify_and_rename(tmp_path_, final_path_, /*read_data=*/false);
+    if (!why.empty()) record(kExitFailure, why);
   }
   return code_;
 }

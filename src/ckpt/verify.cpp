@@ -27,12 +27,6 @@ herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* out) 
   return 0;
 }
 
-std::string shape_text(const std::vector<hsize_t>& dims) {
-  std::string s = "(";
-  for (size_t i = 0; i < dims.size(); ++i) s += cat(i ? ", " : "", dims[i]);
-  return s + ")";
-}
-
 std::string elements_text(uint64_t a, uint64_t b) { return cat("elements ", a, " to ", b); }
 
 // The block hashes a version-3 tensor records, checked against its size.
@@ -82,7 +76,7 @@ DatasetDigest read_dataset(hid_t file, const std::string& path, int64_t version,
   unsigned __int128 elems = 1;
   for (hsize_t n : dims) elems = (n != 0 && elems > cap / n) ? cap : elems * n;
   if (elems * 4 > std::min(stored, file_bytes))
-    throw UserError(cat("tensor '", path, "' has a shape of ", shape_text(dims), " but only ", stored,
+    throw UserError(cat("tensor '", path, "' has a shape of ", h5::dims_text(dims), " but only ", stored,
                         " bytes of it are stored (a damaged shape, or parts never written)"));
   const uint64_t numel = uint64_t(elems);
   std::vector<uint64_t> recorded;
