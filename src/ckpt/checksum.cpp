@@ -70,6 +70,7 @@ void Xxh64::reset() {
 }
 
 void Xxh64::add(const void* data, size_t n) {
+  if (n == 0) return;  // (data may be null then: memcpy must not see it)
   const auto* p = static_cast<const unsigned char*>(data);
   total_ += n;
   if (buffered_ > 0) {  // complete the stripe begun by an earlier piece
