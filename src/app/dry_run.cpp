@@ -10,6 +10,8 @@
 #include "ir/dump.hpp"
 #include "model/segment_type.hpp"
 #include "util/error.hpp"
+#include "util/memory_usage.hpp"
+#include "util/timer.hpp"
 
 namespace piper {
 
@@ -126,12 +128,15 @@ int dry_run(const CliOptions& opts, int world_size) {
   std::printf("%5s %8s %13s %12s %14s   peak by kind (MiB): params grads optim activations comm workspace\n", "set",
               "ranks", "instructions", "plan bytes", "est. peak MiB");
   uint64_t total_bytes = 0;  // rank 0 sends each body once; the set broadcasts it
+  const double serialize_start = now_seconds();
+  double serialize_seconds = 0;
   for (size_t s = 0; s < result.bodies.size(); ++s) {
     const Plan& p = result.bodies[s];
     const std::vector<uint8_t> body = serialize_plan(p);
     deserialize_plan(body.data(), body.size());  // what each rank reads must pass the plan check
     size_t bytes = body.size();
     total_bytes += bytes;
+    serialize_seconds = now_seconds() - serialize_start;
     std::printf("%5zu %8zu %13zu %12zu %14.2f  ", s, p.sets[s].size(), p.instrs.size(), bytes,
                 double(p.memory.peak_total) / 1048576.0);
     for (int k = 0; k < kBufferKinds; ++k) std::printf(" %.2f", double(p.memory.peak_by_kind[k]) / 1048576.0);
@@ -143,6 +148,19 @@ int dry_run(const CliOptions& opts, int world_size) {
   std::printf("\n");
   std::printf("plan bytes sent by rank 0: %llu (one body per device set, broadcast inside the set); compile time %.3f s\n",
               static_cast<unsigned long long>(total_bytes), result.seconds);
+  // Where the compile's time and memory went (resident: this process at the phase's end; peak: how far
+  // its peak rose above where the phase started).
+  std::printf("compile phase %-15s %10s %14s %14s\n", "(name)", "seconds", "resident MiB", "peak rise MiB");
+  auto mib = [](int64_t b) {
+    char t[32] = "-";
+    if (b >= 0) std::snprintf(t, sizeof(t), "%.1f", double(b) / 1048576.0);
+    return std::string(t);
+  };
+  for (const CompilePhase& ph : result.phases)
+    std::printf("compile phase %-15s %10.3f %14s %14s\n", ph.name.c_str(), ph.seconds, mib(ph.resident_bytes).c_str(),
+                mib(ph.peak_growth_bytes).c_str());
+  std::printf("compile phase %-15s %10.3f %14s %14s\n", "serialization", serialize_seconds, mib(resident_bytes()).c_str(),
+              "-");
   std::printf("directives:\n");
   for (const auto& d : result.applied) std::printf("  %s\n", directive_text(d, false).c_str());
   if (!opts.dump_plan.empty()) {

@@ -1,6 +1,8 @@
 // Compiler driver: model, graph, passes, lowering, verification; and per-rank binding of plan bodies.
 #include "compile/compile.hpp"
 
+#include <algorithm>
+
 #include <set>
 
 #include "ir/build.hpp"
@@ -8,6 +10,7 @@
 #include "model/build.hpp"
 #include "model/family.hpp"
 #include "util/error.hpp"
+#include "util/memory_usage.hpp"
 #include "util/timer.hpp"
 
 namespace piper {
@@ -75,12 +78,23 @@ OrderOrigins order_origins(const Graph& g, const std::vector<Directive>& applied
 
 void compile_job(const JobSpec& spec, int world, CompileResult& out) {
   double t0 = now_seconds();
-  out.model = build_model(spec.model);
-  out.graph = build_training_graph(out.model, spec, world);
-  out.applied = apply_directives(out.graph, spec);
-  out.bodies = lower(out.graph, spec);
+  // Each phase timed, with the rise of this process's peak memory above where it started.
+  auto phase = [&](const char* name, auto&& work) {
+    const bool peak_reset = reset_peak_resident();
+    const int64_t before = resident_bytes();
+    const double start = now_seconds();
+    work();
+    CompilePhase p{name, now_seconds() - start, -1, -1};
+    if (before > 0) p.resident_bytes = resident_bytes();
+    if (peak_reset && before > 0) p.peak_growth_bytes = std::max<int64_t>(0, peak_resident_bytes() - before);
+    out.phases.push_back(p);
+  };
+  phase("model", [&] { out.model = build_model(spec.model); });
+  phase("graph", [&] { out.graph = build_training_graph(out.model, spec, world); });
+  phase("passes", [&] { out.applied = apply_directives(out.graph, spec); });
+  phase("lowering", [&] { out.bodies = lower(out.graph, spec); });
   out.cost = CostModel::from_spec(spec.cost);
-  out.simulation = simulate_plans(out.bodies, out.cost, order_origins(out.graph, out.applied));
+  phase("verification", [&] { out.simulation = simulate_plans(out.bodies, out.cost, order_origins(out.graph, out.applied)); });
   for (size_t s = 0; s < out.bodies.size(); ++s) {
     out.bodies[s].predicted_step = out.simulation.step_time;
     out.bodies[s].predicted_bubble = out.simulation.bubble[s];

@@ -12,6 +12,14 @@
 
 namespace piper {
 
+// One phase of the compile: its wall time and this process's memory (resident at its end, and how far
+// its peak rose above the resident size at its start; -1 where Linux does not say).
+struct CompilePhase {
+  std::string name;
+  double seconds = 0;
+  int64_t resident_bytes = -1, peak_growth_bytes = -1;
+};
+
 struct CompileResult {
   Model model;
   Graph graph;                      // after all passes (graph.model points into this struct: do not copy)
@@ -20,6 +28,7 @@ struct CompileResult {
   CostModel cost;
   Simulation simulation;            // verified, predicted timeline of one step
   double seconds = 0;               // wall time of compile (graph, passes, lowering, verification)
+  std::vector<CompilePhase> phases;  // model, graph, passes, lowering, verification, in that order
   CompileResult() = default;
   CompileResult(const CompileResult&) = delete;
   CompileResult& operator=(const CompileResult&) = delete;

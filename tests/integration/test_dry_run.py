@@ -1,5 +1,5 @@
 """--dry-run compiles and verifies without training: it prints each distinct plan's instruction count, plan
-bytes and estimated peak memory, --dump-plan writes the DAG (text, DOT) and the plans (text and binary), and nothing
+bytes and estimated peak memory, the time and memory of each compile phase, --dump-plan writes the DAG (text, DOT) and the plans (text and binary), and nothing
 else is written (no metrics, no checkpoints). --help and --version exit 0."""
 import os
 import subprocess
@@ -23,6 +23,15 @@ def main():
                    "(op = \"order\", generated, default schedule)"):
         if needle not in out:
             fail(f"dry-run output lacks {needle!r}:\n{out}")
+    # every phase of the compile with its time and memory; the phases add up to no more than the compile
+    phases = {l.split()[2]: l.split()[3:] for l in out.splitlines() if l.startswith("compile phase ")}
+    want = ["model", "graph", "passes", "lowering", "verification", "serialization"]
+    if [k for k in phases if k != "(name)"] != want:
+        fail(f"dry-run phases are {list(phases)}, expected {want}:\n{out}")
+    total = float(out.split("compiled in ")[1].split()[0])
+    times = [float(phases[k][0]) for k in want[:-1]]
+    if any(t < 0 for t in times) or sum(times) > total + 0.003 or float(phases["lowering"][1]) <= 0:
+        fail(f"dry-run phase times {times} (resident MiB {phases['lowering'][1]}) against a compile of {total} s")
     rows = [l for l in out.splitlines() if l.strip().startswith(("0 ", "1 ")) and len(l.split()) > 5]
     if len(rows) != 2:
         fail(f"expected one summary row per device set (2), got:\n{out}")
