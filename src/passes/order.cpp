@@ -1,23 +1,60 @@
 // order: happens-before edges between consecutive slots of matched compute nodes. Nodes inside one slot
 // may interleave. Rejects filters that match nothing, orders spanning device sets, and cycles.
+#include <map>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 
 namespace piper {
 
+namespace {
+
+// The live compute nodes, in id order, and the same by each (tag, value) they carry: a filter is tried on
+// the nodes of its most selective exact tag only, so that an order costs its matches, not slots × nodes.
+struct ComputeIndex {
+  std::vector<int> all;
+  std::map<std::pair<std::string, int>, std::vector<int>> by_tag;
+
+  explicit ComputeIndex(const Graph& g) {
+    for (const auto& n : g.nodes) {
+      if (n.removed || !is_compute(n.kind)) continue;
+      all.push_back(n.id);
+      for (const auto& [tag, value] : n.tags) by_tag[{tag, value}].push_back(n.id);
+    }
+  }
+  // Nodes that may match `f`, in id order: a superset of its matches.
+  const std::vector<int>& candidates(const Filter& f) const {
+    static const std::vector<int> none;
+    const std::vector<int>* best = &all;
+    for (const auto& [tag, m] : f.match) {
+      if (tag == "PASS" || m.kind != TagMatch::Kind::Int) continue;
+      auto it = by_tag.find({tag, int(m.value)});
+      if (it == by_tag.end()) return none;
+      if (it->second.size() < best->size()) best = &it->second;
+    }
+    return *best;
+  }
+};
+
+}  // namespace
+
 void apply_order(Graph& g, const Directive& d) {
   std::vector<std::vector<int>> slots;
   std::set<int> seen;
   int set = -1, set_node = -1;
+  const ComputeIndex index(g);
   for (size_t i = 0; i < d.slots.size(); ++i) {
     std::vector<int> nodes;
     for (size_t j = 0; j < d.slots[i].size(); ++j) {
       const Filter& f = d.slots[i][j];
       size_t before = nodes.size();
-      for (const auto& n : g.nodes) {
-        if (n.removed || !is_compute(n.kind) || !filter_matches(f, n)) continue;
+      for (int id : index.candidates(f)) {
+        const Node& n = g.nodes[size_t(id)];
+        if (!filter_matches(f, n)) continue;
         if (seen.count(n.id))
           throw UserError(cat(d.describe(), ": ", n.label(), " is matched by two slots (again by slot ", i, " filter ",
                               f.str(), ")"));
