@@ -184,3 +184,30 @@ TEST_CASE("a wait-for cycle between plans is reported as a deadlock", "[verify]"
   CHECK(e.find("rank 0 instruction") != std::string::npos);
   CHECK(e.find("rank 1 instruction") != std::string::npos);
 }
+
+TEST_CASE("a crossed order on one stage of a 4,096-rank job is found", "[verify]") {
+  // PP16 x DP256: sixteen device sets of 256 replicas, each set's body checked once for the whole job.
+  std::string text =
+      "[model]\nkind = \"gpt\"\nvocab = 256\nseq_len = 8\nd_model = 16\nn_layers = 16\nn_heads = 2\nd_ff = 32\n"
+      "[data]\npath = \"" + piper::test::scratch_data_file() + "\"\nbatch = 1024\n"
+      "[mesh]\npp = 16\ndp = 256\nmicrobatches = 4\n";
+  JobSpec spec = load_job_text(text, "job.toml");
+  expand_mesh(spec, 4096);
+  CompileResult r;
+  compile_job(spec, 4096, r);
+  REQUIRE(r.bodies.size() == 16);
+  // Stage 7 sends its first two activations to stage 8 the other way round.
+  Plan& p = r.bodies[7];
+  std::vector<Instr*> sends;
+  for (Instr& in : p.instrs)
+    if (in.op == Op::Send && in.peer_set == 8) sends.push_back(&in);
+  REQUIRE(sends.size() >= 2);
+  std::swap(sends[0]->tag, sends[1]->tag);
+  std::string e = user_error_of([&] { simulate_plans(r.bodies, r.cost, {}); });
+  INFO(e);
+  CHECK(e.find("transfer in different orders") != std::string::npos);
+  // the untouched job passes
+  CompileResult clean;
+  compile_job(spec, 4096, clean);
+  CHECK_NOTHROW(simulate_plans(clean.bodies, clean.cost, {}));
+}
