@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -16,7 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -34,7 +32,6 @@
 #include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
 #include "util/memory_usage.hpp"
-#include "util/mpi_gather.hpp"
 #include "util/timer.hpp"
 
 namespace piper {
