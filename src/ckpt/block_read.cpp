@@ -13,6 +13,7 @@
 
 #include "ckpt/checksum.hpp"
 #include "ckpt/hdf5_util.hpp"
+#include "ckpt/verify.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -65,18 +66,12 @@ const BlockCheckedReader::Stored& BlockCheckedReader::stored(const std::string& 
   if (H5Pget_layout(dcpl) != H5D_CONTIGUOUS)
     throw UserError(cat(path_, ": tensor '", name, "' is not stored contiguously, as format version 3 stores it"));
   Stored s;
-  int64_t block = 0;
-  try {
-    if (!h5::read_attr_i64(ds, kBlockElementsAttribute, block) || !h5::read_attr_u64s(ds, kBlockHashesAttribute, s.hashes))
-      throw UserError(cat("has no attributes '", kBlockElementsAttribute, "' and '", kBlockHashesAttribute, "'"));
-  } catch (const UserError& e) {
-    throw UserError(cat(path_, ": tensor '", name, "': ", e.what()));
-  }
   const uint64_t numel = uint64_t(p.numel);
-  if (block <= 0 || s.hashes.size() != checksum_block_count(numel, uint64_t(block)))
-    throw UserError(cat(path_, ": tensor '", name, "' records ", s.hashes.size(), " block checksums of ", block,
-                        " elements for its ", numel, " elements (damaged)"));
-  s.block = uint64_t(block);
+  try {
+    s.hashes = recorded_block_hashes(ds, name, numel, s.block);
+  } catch (const UserError& e) {
+    throw UserError(cat(path_, ": ", e.what()));
+  }
   const haddr_t at = numel == 0 ? 0 : H5Dget_offset(ds);
   if (numel > 0 && at == HADDR_UNDEF)
     throw UserError(cat(path_, ": tensor '", name, "' has no data in the file (never written)"));

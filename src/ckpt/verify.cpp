@@ -29,25 +29,6 @@ herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* out) 
 
 std::string elements_text(uint64_t a, uint64_t b) { return cat("elements ", a, " to ", b); }
 
-// The block hashes a version-3 tensor records, checked against its size.
-std::vector<uint64_t> recorded_blocks(hid_t ds, const std::string& path, uint64_t numel, uint64_t& block) {
-  int64_t b = 0;
-  std::vector<uint64_t> hashes;
-  try {
-    if (!h5::read_attr_i64(ds, kBlockElementsAttribute, b) || !h5::read_attr_u64s(ds, kBlockHashesAttribute, hashes))
-      throw UserError(cat("has no attributes '", kBlockElementsAttribute, "' and '", kBlockHashesAttribute,
-                          "' (format version 3 records them)"));
-  } catch (const UserError& e) {
-    throw UserError(cat("tensor '", path, "': ", e.what()));
-  }
-  if (b <= 0) throw UserError(cat("tensor '", path, "': attribute '", kBlockElementsAttribute, "' is ", b));
-  block = uint64_t(b);
-  if (hashes.size() != checksum_block_count(numel, block))
-    throw UserError(cat("tensor '", path, "' records ", hashes.size(), " block checksums but its ", numel,
-                        " elements make ", checksum_block_count(numel, block), " blocks of ", block));
-  return hashes;
-}
-
 // Reads a dataset in blocks of whole rows (about 1 Mi elements) as stored, hashing its bytes: it must be
 // float32, stored whole, and hold finite values only. Version 3 with `read_data` false checks the shape,
 // the storage and the recorded block checksums without reading the tensor (its writers checked it).
@@ -81,7 +62,7 @@ DatasetDigest read_dataset(hid_t file, const std::string& path, int64_t version,
   const uint64_t numel = uint64_t(elems);
   std::vector<uint64_t> recorded;
   if (version >= 3) {
-    recorded = recorded_blocks(ds, path, numel, d.block_elements);
+    recorded = recorded_block_hashes(ds, path, numel, d.block_elements);
     if (!read_data) {
       d.block_hashes = std::move(recorded);
       return d;
@@ -186,6 +167,24 @@ CheckpointInfo check_contents(hid_t file, const std::string& name, bool read_dat
 }
 
 }  // namespace
+
+std::vector<uint64_t> recorded_block_hashes(hid_t ds, const std::string& path, uint64_t numel, uint64_t& block) {
+  int64_t b = 0;
+  std::vector<uint64_t> hashes;
+  try {
+    if (!h5::read_attr_i64(ds, kBlockElementsAttribute, b) || !h5::read_attr_u64s(ds, kBlockHashesAttribute, hashes))
+      throw UserError(cat("has no attributes '", kBlockElementsAttribute, "' and '", kBlockHashesAttribute,
+                          "' (format version 3 records them)"));
+  } catch (const UserError& e) {
+    throw UserError(cat("tensor '", path, "': ", e.what()));
+  }
+  if (b <= 0) throw UserError(cat("tensor '", path, "': attribute '", kBlockElementsAttribute, "' is ", b));
+  block = uint64_t(b);
+  if (hashes.size() != checksum_block_count(numel, block))
+    throw UserError(cat("tensor '", path, "' records ", hashes.size(), " block checksums but its ", numel,
+                        " elements make ", checksum_block_count(numel, block), " blocks of ", block));
+  return hashes;
+}
 
 CheckpointInfo verify_checkpoint(const std::string& path, const std::string& name, bool read_data) {
   h5::quiet();

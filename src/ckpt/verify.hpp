@@ -1,8 +1,11 @@
 // Checkpoint verification: everything a resume relies on (format, version, checksum, the file name's step,
 // every tensor readable and finite), checked on one file without a model; used by --resume.
 #pragma once
+#include <hdf5.h>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace piper {
 
@@ -23,5 +26,10 @@ struct CheckpointInfo {
 // the form step_*.h5 is not checked. With `read_data` false, a version-3 file's tensors are not read: their
 // recorded block checksums are taken as they are (for a save whose ranks hashed what they wrote).
 CheckpointInfo verify_checkpoint(const std::string& path, const std::string& name = "", bool read_data = true);
+
+// The block hashes a version-3 tensor (dataset `ds`, `path` from the root, `numel` elements) records, and
+// in `block` its elements per block. Throws UserError "tensor 'PATH' ..." when either attribute is missing
+// or unreadable, the block size is not positive, or the number of hashes does not fit the tensor.
+std::vector<uint64_t> recorded_block_hashes(hid_t ds, const std::string& path, uint64_t numel, uint64_t& block);
 
 }  // namespace piper
