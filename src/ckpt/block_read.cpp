@@ -15,6 +15,7 @@
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/verify.hpp"
 #include "util/error.hpp"
+#include "util/file_io.hpp"
 
 namespace piper {
 
@@ -86,17 +87,11 @@ void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t beg
   const Stored& s = stored(name, p);
   const uint64_t numel = uint64_t(p.numel), end = uint64_t(begin + count);
   auto read_bytes = [&](void* dst, uint64_t elements, uint64_t first) {  // elements [first, first + n)
-    auto* p = static_cast<char*>(dst);
-    const size_t bytes = size_t(elements) * sizeof(float);
-    prefetch(s.offset + first * sizeof(float));
-    for (size_t done = 0; done < bytes;) {
-      const ssize_t r = ::pread(fd_, p + done, bytes - done, off_t(s.offset + first * sizeof(float) + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0)
-        throw UserError(cat(path_, ": tensor '", name, "' cannot be read (", r < 0 ? std::strerror(errno) : "the file ends early",
-                            "): the file is damaged or truncated"));
-      done += size_t(r);
-    }
+    const uint64_t at = s.offset + first * sizeof(float);
+    prefetch(at);
+    if (int err = pread_all(fd_, dst, size_t(elements) * sizeof(float), at))
+      throw UserError(cat(path_, ": tensor '", name, "' cannot be read (", file_error_text(err),
+                          "): the file is damaged or truncated"));
   };
   for (uint64_t b = uint64_t(begin) / s.block; b * s.block < end; ++b) {
     const uint64_t from = b * s.block, to = std::min(numel, from + s.block);  // the block's elements

@@ -22,6 +22,7 @@
 #include "ckpt/verify.hpp"
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
+#include "util/file_io.hpp"
 #include "util/mpi_check.hpp"
 #include "util/mpi_gather.hpp"
 
@@ -39,19 +40,6 @@ constexpr uint64_t kPage = 4096;
 constexpr int64_t kStagingElements = int64_t(1) << 21;
 constexpr size_t kStagingBytes = size_t(kStagingElements) * sizeof(float) + kPage;  // room to align the data
 
-// Writes all `n` bytes at `offset`; 0 or the errno of the failure.
-int pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, off_t(offset));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return errno;
-    if (w == 0) return EIO;
-    p += w, n -= size_t(w), offset += uint64_t(w);
-  }
-  return 0;
-}
-
 // A page-aligned host buffer of `bytes` bytes.
 struct AlignedBuffer {
   explicit AlignedBuffer(size_t bytes) : data(static_cast<unsigned char*>(std::aligned_alloc(kPage, bytes))) {
@@ -62,19 +50,6 @@ struct AlignedBuffer {
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   unsigned char* data;
 };
-
-// Reads all `n` bytes at `offset`; 0 or the errno of the failure (EIO for a file shorter than that).
-int pread_all(int fd, void* data, size_t n, uint64_t offset) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, off_t(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return errno;
-    if (r == 0) return EIO;
-    p += r, n -= size_t(r), offset += uint64_t(r);
-  }
-  return 0;
-}
 
 // Rank 0: the file with its attributes and every tensor allocated; returns each tensor's offset.
 std::vector<uint64_t> lay_out(const std::string& tmp, const CheckpointHeader& header,
@@ -264,7 +239,7 @@ int ParallelCheckpointWrite::complete() {
       const uint64_t n = std::min(numel, (b + 1) * block) - b * block;
       buf.resize(size_t(n * sizeof(float)));
       if (int err = pread_all(fd, buf.data(), buf.size(), offsets_[tensor] + b * block * sizeof(float)))
-        record(kExitFailure, cat(tmp_path_, ": reading back: ", std::strerror(err)));
+        record(kExitFailure, cat(tmp_path_, ": reading back: ", file_error_text(err)));
       else
         hashes_.insert(hashes_.end(), {uint64_t(tensor), b, block_hash(buf.data(), buf.size())});
     }
