@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "util/error.hpp"
+#include "util/file_io.hpp"
 #include "util/rng.hpp"
 
 namespace piper {
@@ -167,13 +168,9 @@ void DataLoader::check_unchanged() const {
 }
 
 void DataLoader::read_bytes(int64_t at, int64_t n, uint8_t* dst) const {
-  for (int64_t got = 0; got < n;) {
-    ssize_t r = ::pread(fd_, dst + got, size_t(n - got), off_t(at + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw SystemError(cat("data.path: reading '", cfg_.path, "' failed: ", std::strerror(errno)));
-    if (r == 0) changed();  // the end of the file came before the end of its size at open: it shrank
-    got += r;
-  }
+  const int err = pread_all(fd_, dst, size_t(n), uint64_t(at));
+  if (err == kEndOfFile) changed();  // the end of the file came before the end of its size at open: it shrank
+  if (err != 0) throw SystemError(cat("data.path: reading '", cfg_.path, "' failed: ", std::strerror(err)));
 }
 
 template <typename Fn>
