@@ -68,9 +68,10 @@ std::string broadcast_string(std::string s, MPI_Comm world) {
 // Rank 0 verifies the checkpoint --resume names (auto: the newest that verifies, but not the `refused`
 // ones) while the other ranks wait: all of it but a version-3 file's tensor blocks, which the ranks check
 // as they load them. Every rank gets its path ("": start from step 0), or nullopt after rank 0 printed why
-// it is refused.
+// it is refused; `seconds` is set to how long it took.
 std::optional<std::string> verified_resume_path(const Plan& plan, const std::string& resume, MPI_Comm world,
-                                                const std::vector<std::string>& refused) {
+                                                const std::vector<std::string>& refused, double& seconds) {
+  const double t0 = now_seconds();
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   std::string path;
@@ -90,6 +91,7 @@ std::optional<std::string> verified_resume_path(const Plan& plan, const std::str
     }
   }
   broadcast_after_long_wait(&verified, 1, MPI_INT, 0, world);  // the others sleep while rank 0 reads
+  seconds = now_seconds() - t0;
   if (!verified) return std::nullopt;
   return broadcast_string(path, world);
 }
@@ -103,11 +105,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   std::string resume_path;
   double verify_seconds = 0;
   if (!opts.resume.empty()) {
-    const double t0 = now_seconds();
-    std::optional<std::string> path = verified_resume_path(plan, opts.resume, world, {});
+    std::optional<std::string> path = verified_resume_path(plan, opts.resume, world, {}, verify_seconds);
     if (!path) return kExitBadInput;
     resume_path = *path;
-    verify_seconds = now_seconds() - t0;
   }
   int local_rank = 0;
   const int threads = resolve_threads(plan.threads, world, &local_rank);
@@ -137,12 +137,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     if (any_failed) {
       if (opts.resume != "auto") return kExitBadInput;
       refused.push_back(resume_path);
-      const double t0 = now_seconds();
-      std::optional<std::string> next = verified_resume_path(plan, opts.resume, world, refused);
+      std::optional<std::string> next = verified_resume_path(plan, opts.resume, world, refused, verify_seconds);
       if (!next) return kExitBadInput;
       resume_path = *next;
-      verify_seconds = now_seconds() - t0;
-      if (resume_path.empty()) start = 0;
       continue;
     }
     if (opts.steps > 0 && opts.steps <= start)  // every rank read the same step: all end here
