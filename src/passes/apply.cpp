@@ -134,7 +134,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   insert_exchanges(g);
   insert_replication(g);
   insert_tied_sync(g);
-  for (const auto& d : orders) apply_order(g, d);
+  apply_orders(g, orders);
   g.check_acyclic("the training graph");
   return applied;
 }

@@ -1,5 +1,7 @@
 // order: happens-before edges between consecutive slots of matched compute nodes. Nodes inside one slot
 // may interleave. Rejects filters that match nothing, orders spanning device sets, and cycles.
+// All orders share one index of the compute nodes and one cycle check, so that a job's orders cost
+// their matches and edges, not directives x nodes.
 #include <map>
 #include <set>
 #include <string>
@@ -40,13 +42,11 @@ struct ComputeIndex {
   }
 };
 
-}  // namespace
-
-void apply_order(Graph& g, const Directive& d) {
+// Adds the edges of one order directive.
+void add_order_edges(Graph& g, const Directive& d, const ComputeIndex& index) {
   std::vector<std::vector<int>> slots;
   std::set<int> seen;
   int set = -1, set_node = -1;
-  const ComputeIndex index(g);
   for (size_t i = 0; i < d.slots.size(); ++i) {
     std::vector<int> nodes;
     for (size_t j = 0; j < d.slots[i].size(); ++j) {
@@ -80,7 +80,28 @@ void apply_order(Graph& g, const Directive& d) {
   for (size_t i = 0; i + 1 < slots.size(); ++i)
     for (int a : slots[i])
       for (int b : slots[i + 1]) g.add_edge(a, b, EdgeKind::Order, {}, d.index);
-  g.check_acyclic(d.describe());
+}
+
+}  // namespace
+
+void apply_orders(Graph& g, const std::vector<Directive>& orders) {
+  if (orders.empty()) return;
+  const ComputeIndex index(g);  // orders add edges only: the compute nodes stay the same
+  std::vector<size_t> first_edge;
+  for (const auto& d : orders) {
+    first_edge.push_back(g.edges.size());
+    add_order_edges(g, d, index);
+  }
+  first_edge.push_back(g.edges.size());
+  if (g.topo_order().size() == g.live_nodes()) return;
+  // A cycle: name the first directive that closes one, as if each were checked on its own. Take every
+  // order edge out, then put each directive's back and check (only on this error path).
+  for (size_t e = first_edge.front(); e < first_edge.back(); ++e) g.edges[e].removed = true;
+  for (size_t k = 0; k < orders.size(); ++k) {
+    for (size_t e = first_edge[k]; e < first_edge[k + 1]; ++e) g.edges[e].removed = false;
+    g.check_acyclic(orders[k].describe());
+  }
+  g.check_acyclic("the order directives");
 }
 
 }  // namespace piper

@@ -19,7 +19,8 @@ void mark_shard(Graph& g, const Directive& d);
 void insert_exchanges(Graph& g);
 void insert_replication(Graph& g);
 void insert_tied_sync(Graph& g);
-void apply_order(Graph& g, const Directive& d);
+// Every order directive, in the given order; a cycle names the first directive that closes one.
+void apply_orders(Graph& g, const std::vector<Directive>& orders);
 
 // Does region `region` use a parameter of bucket `bucket` on the bucket's device set?
 bool region_uses_bucket(const Graph& g, int region, int bucket);

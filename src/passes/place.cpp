@@ -27,6 +27,7 @@ void apply_place(Graph& g, const std::vector<Directive>& places) {
     g.sets.push_back(all);
     for (auto& r : g.regions) r.device_set = 0;
   }
+  std::vector<int> set_of_rank(size_t(std::max(g.world, 0)), -1);  // device set of each rank placed so far
   for (const auto& d : places) {
     for (const auto& [tag, m] : d.filter.match)
       if (tag == "MB" || tag == "PASS")
@@ -36,19 +37,20 @@ void apply_place(Graph& g, const std::vector<Directive>& places) {
         throw UserError(cat(d.describe(), ": devices ", ranks_str(d.devices), " name rank ", rank, " but the job runs on ",
                             g.world, " rank", g.world == 1 ? "" : "s", " (ranks 0..", g.world - 1,
                             "); the device counts do not match the world size"));
-    int set_id = -1;
-    for (size_t s = 0; s < g.sets.size(); ++s) {
-      const auto& other = g.sets[s].ranks;
-      if (other == d.devices) { set_id = int(s); break; }
-      for (int rank : d.devices)
-        if (std::find(other.begin(), other.end(), rank) != other.end())
-          throw UserError(cat(d.describe(), ": devices ", ranks_str(d.devices), " overlap device set ", ranks_str(other),
-                              " of directive #", g.sets[s].directive, " (rank ", rank,
-                              " in both); device sets must be equal or disjoint"));
-    }
+    // The set of the first rank decides: the same list is that set, anything else must share no rank.
+    int set_id = d.devices.empty() ? -1 : set_of_rank[size_t(d.devices[0])];
+    if (set_id >= 0 && g.sets[size_t(set_id)].ranks != d.devices) set_id = -1;
     if (set_id < 0) {
+      for (int rank : d.devices) {
+        const int s = set_of_rank[size_t(rank)];
+        if (s < 0) continue;
+        throw UserError(cat(d.describe(), ": devices ", ranks_str(d.devices), " overlap device set ",
+                            ranks_str(g.sets[size_t(s)].ranks), " of directive #", g.sets[size_t(s)].directive, " (rank ",
+                            rank, " in both); device sets must be equal or disjoint"));
+      }
       g.sets.push_back(DeviceSet{d.devices, d.index, d.describe()});
       set_id = int(g.sets.size()) - 1;
+      for (int rank : d.devices) set_of_rank[size_t(rank)] = set_id;
     }
     int matched = 0;
     for (auto& r : g.regions) {
