@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <sstream>
 
+#include "app/fit_memory.hpp"
 #include "util/error.hpp"
 
 namespace po = boost::program_options;
@@ -29,6 +30,8 @@ CliOptions parse_cli(int argc, char** argv) {
       ("dump-plan", po::value<std::string>(&o.dump_plan)->value_name("DIR"),
        "write the training graph (text, DOT) and every plan (text) into DIR")
       ("world", po::value<int>(&o.world)->value_name("N"), "with --dry-run: compile for N ranks on one process")
+      ("fit-memory", po::value<std::string>(&o.fit_memory)->value_name("SIZE"),
+       "with --dry-run: per ZeRO level, the largest microbatch whose estimated peak fits SIZE (e.g. 80GiB) on every rank")
       ("trace", po::value<std::string>(&o.trace)->value_name("FILE"),
        "write a Chrome-trace JSON timeline of the whole job (open it in Perfetto)")
       ("profile", po::bool_switch(&o.profile),
@@ -50,6 +53,10 @@ CliOptions parse_cli(int argc, char** argv) {
   if (o.steps != -1 && o.steps < 1) throw UserError(cat("command line: --steps must be >= 1, found ", o.steps));
   if (o.world < 0) throw UserError(cat("command line: --world must be >= 1, found ", o.world));
   if (o.world > 0 && !o.dry_run) throw UserError("command line: --world N only works with --dry-run");
+  if (!o.fit_memory.empty()) {
+    if (!o.dry_run) throw UserError("command line: --fit-memory SIZE only works with --dry-run");
+    o.fit_memory_bytes = parse_byte_size(o.fit_memory, "command line: --fit-memory");
+  }
   if (o.dry_run && o.profile) throw UserError("command line: --profile has no effect with --dry-run");
   if (o.dry_run && !o.resume.empty()) throw UserError("command line: --resume has no effect with --dry-run");
   return o;

@@ -15,6 +15,8 @@ struct CliOptions {
   bool dry_run = false;
   std::string dump_plan;               // directory
   int world = 0;                       // --world (dry run): compile for this many ranks
+  std::string fit_memory;              // --fit-memory SIZE (dry run): as given
+  uint64_t fit_memory_bytes = 0;       // ... and in bytes; 0: not asked
   std::string trace;                   // Chrome-trace JSON of the whole job
   bool profile = false;                // per-kernel time breakdown after the run
   bool help = false, version = false;

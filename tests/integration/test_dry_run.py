@@ -1,10 +1,60 @@
 """--dry-run compiles and verifies without training: it prints each distinct plan's instruction count, plan
 bytes and estimated peak memory, the time and memory of each compile phase, --dump-plan writes the DAG (text, DOT) and the plans (text and binary), and nothing
-else is written (no metrics, no checkpoints). --help and --version exit 0."""
+else is written (no metrics, no checkpoints). --fit-memory finds, per ZeRO level, the largest microbatch whose
+estimate fits (checked against dry runs at that size and one more). --help and --version exit 0."""
 import os
 import subprocess
 
 from common import PIPER, fail, run, tempdir, tiny_gpt, write
+
+
+def dry_peak(cfg, *sets):
+    """The highest estimated peak (MiB) over the device sets of a 4-rank dry run."""
+    args = [PIPER, "--config", cfg, "--dry-run", "--world", "4"]
+    for s in sets:
+        args += ["--set", s]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        fail(f"dry run {sets} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    rows = [l.split() for l in p.stdout.splitlines() if l.strip()[:1].isdigit() and len(l.split()) == 11]
+    return max(float(r[4]) for r in rows)
+
+
+def check_fit_memory(d, cfg):
+    # a limit a few sequences past one: the search must stop strictly inside it
+    one, two = dry_peak(cfg, "data.batch=8"), dry_peak(cfg, "data.batch=16")  # 1 and 2 sequences per microbatch
+    limit = int((one + 5.5 * (two - one)) * 1048576)
+    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4", "--fit-memory", str(limit)],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"--fit-memory failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    out = p.stdout
+    if "data.batch = sequences per microbatch x 8" not in out:
+        fail(f"--fit-memory does not say how data.batch follows (4 microbatches x 2 replicas):\n{out}")
+    rows = [l.split() for l in out.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"], ["3"]) and "rank" in l]
+    if [r[0] for r in rows] != ["0", "1", "2", "3"]:
+        fail(f"--fit-memory should print one row per ZeRO level 0-3:\n{out}")
+    kinds = ("parameters", "gradients", "optimizer", "activations", "communication", "workspace")
+    for r in rows:
+        zero, seqs = r[0], int(r[1])
+        if seqs < 2 or int(r[2]) != 8 * seqs or r[4] != "rank" or r[6] != "(device" or r[9] not in kinds:
+            fail(f"--fit-memory row {r} (limit {limit} B):\n{out}")
+        fits = dry_peak(cfg, f"data.batch={8 * seqs}", f"mesh.zero={zero}")
+        over = dry_peak(cfg, f"data.batch={8 * (seqs + 1)}", f"mesh.zero={zero}")
+        if not (fits * 1048576 <= limit < over * 1048576) or abs(fits - float(r[3])) > 0.01:
+            fail(f"zero {zero}: {seqs} sequences peak at {fits} MiB, {seqs + 1} at {over} MiB; limit {limit} B; "
+                 f"row {r}")
+    print(f"ok  --fit-memory {limit}: per ZeRO level the largest fitting microbatch "
+          f"({', '.join(r[1] for r in rows)} sequences), each checked against dry runs at it and one more")
+    for size, why in (("80 parsecs", "is not a memory size"), ("-1GiB", "is not a memory size")):
+        p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--fit-memory", size], capture_output=True, text=True,
+                           timeout=30)
+        if p.returncode != 2 or why not in p.stderr or "--fit-memory" not in p.stderr:
+            fail(f"--fit-memory {size!r}: exit {p.returncode}, {p.stderr!r}")
+    p = subprocess.run([PIPER, "--config", cfg, "--fit-memory", "1GiB"], capture_output=True, text=True, timeout=30)
+    if p.returncode != 2 or "only works with --dry-run" not in p.stderr:
+        fail(f"--fit-memory without --dry-run: exit {p.returncode}, {p.stderr!r}")
+    print("ok  --fit-memory: a bad size, or no --dry-run, exits 2 and says why")
 
 
 def main():
@@ -59,6 +109,8 @@ def main():
     if p.stdout.count("dry run of") != 1:
         fail(f"dry run under mpirun printed {p.stdout.count('dry run of')} summaries")
     print("ok  --dry-run under mpirun: one summary, exit 0")
+
+    check_fit_memory(d, cfg)
 
     for flag, needle in (("--help", "--config"), ("--version", "piper ")):
         p = subprocess.run([PIPER, flag], capture_output=True, text=True, timeout=30)

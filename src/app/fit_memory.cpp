@@ -1,0 +1,175 @@
+// Memory planning for --dry-run --fit-memory (see fit_memory.hpp): a doubling then bisecting search over
+// sequences per microbatch, one full compile (with its memory estimate) per trial size and ZeRO level.
+#include "app/fit_memory.hpp"
+
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+
+#include "compile/compile.hpp"
+#include "util/error.hpp"
+
+namespace piper {
+
+namespace {
+
+// The estimate of one trial: the highest rank's peak and what dominates it.
+struct Trial {
+  uint64_t peak = 0;
+  int set = -1, rank = -1, kind = -1;
+  uint64_t kind_bytes = 0;
+};
+
+Trial compile_trial(JobSpec spec, int world, int zero, int64_t batch) {
+  spec.data.batch = int(batch);
+  for (Directive& d : spec.directives)
+    if (d.op == "replicate") d.zero = zero;
+  CompileResult r;
+  compile_job(spec, world, r);
+  Trial t;
+  for (size_t s = 0; s < r.bodies.size(); ++s) {
+    const MemoryEstimate& m = r.bodies[s].memory;
+    if (t.set >= 0 && m.peak_total <= t.peak) continue;
+    t.peak = m.peak_total;
+    t.set = int(s);
+    t.rank = r.bodies[s].sets[s][0];
+    t.kind = 0;
+    for (int k = 1; k < kBufferKinds; ++k)
+      if (m.peak_by_kind[k] > m.peak_by_kind[t.kind]) t.kind = k;
+    t.kind_bytes = m.peak_by_kind[t.kind];
+  }
+  return t;
+}
+
+FitRow fit_level(const JobSpec& spec, int world, int zero, int64_t per_sequence, uint64_t limit) {
+  FitRow row;
+  row.zero = zero;
+  const int64_t most = std::min<int64_t>(kMaxSequences, INT_MAX / per_sequence);
+  auto at = [&](int64_t seqs) { return compile_trial(spec, world, zero, seqs * per_sequence); };
+  auto limited_by = [&](const Trial& t) {
+    row.limit_rank = t.rank;
+    row.limit_set = t.set;
+    row.limit_kind = t.kind;
+    row.limit_peak = t.peak;
+    row.limit_kind_bytes = t.kind_bytes;
+  };
+  try {
+    Trial first = at(1);
+    if (first.peak > limit) {
+      limited_by(first);
+      return row;
+    }
+    // Doubling finds a size that does not fit (or the cap), bisection the last one that does.
+    int64_t lo = 1, hi = 0;
+    Trial lo_trial = first, hi_trial;
+    while (hi == 0) {
+      const int64_t next = std::min(lo * 2, most);
+      if (next == lo) break;
+      Trial t = at(next);
+      if (t.peak > limit) hi = next, hi_trial = t;
+      else lo = next, lo_trial = t;
+    }
+    while (hi != 0 && hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      Trial t = at(mid);
+      if (t.peak > limit) hi = mid, hi_trial = t;
+      else lo = mid, lo_trial = t;
+    }
+    row.sequences = int(lo);
+    row.peak_bytes = lo_trial.peak;
+    if (hi == 0) {
+      row.capped = true;
+      limited_by(lo_trial);
+    } else {
+      limited_by(hi_trial);
+    }
+  } catch (const UserError& e) {
+    row.sequences = 0;
+    row.error = e.what();
+  }
+  return row;
+}
+
+double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
+double mib(uint64_t b) { return double(b) / 1048576.0; }
+
+}  // namespace
+
+FitReport fit_memory(const JobSpec& spec, int world, uint64_t limit_bytes) {
+  FitReport rep;
+  rep.limit_bytes = limit_bytes;
+  {
+    CompileResult r;
+    compile_job(spec, world, r);
+    rep.microbatches = r.graph.microbatches;
+    rep.batch_per_sequence = r.graph.global_batch / r.graph.samples_per_microbatch;
+    if (rep.batch_per_sequence * r.graph.samples_per_microbatch != r.graph.global_batch)
+      throw SystemError("fit-memory: data.batch is not a whole number of microbatch sizes");
+  }
+  for (const Directive& d : spec.directives) rep.replicated |= d.op == "replicate";
+  for (int zero = 0; zero <= (rep.replicated ? 3 : 0); ++zero)
+    rep.rows.push_back(fit_level(spec, world, zero, rep.batch_per_sequence, limit_bytes));
+  return rep;
+}
+
+void print_fit_report(const FitReport& r) {
+  std::printf("fit memory: %.2f GiB (%.2f MiB) per rank; %d microbatches, data.batch = sequences per microbatch x %lld\n",
+              gib(r.limit_bytes), mib(r.limit_bytes), r.microbatches, static_cast<long long>(r.batch_per_sequence));
+  std::printf("%6s %22s %10s %14s   %s\n", "zero", "sequences/microbatch", "data.batch", "est. peak MiB",
+              "limited by (estimate at the next size)");
+  for (const FitRow& row : r.rows) {
+    const std::string zero = r.replicated ? std::to_string(row.zero) : std::string("-");
+    if (!row.error.empty()) {
+      std::printf("%6s %22s %10s %14s   does not compile: %s\n", zero.c_str(), "-", "-", "-", row.error.c_str());
+      continue;
+    }
+    std::string why = row.limit_set < 0 ? std::string("-")
+                                        : cat("rank ", row.limit_rank, " (device set ", row.limit_set, "): ",
+                                              buffer_kind_name(BufferKind(row.limit_kind)), " ");
+    if (row.limit_set >= 0) {
+      char t[96];
+      std::snprintf(t, sizeof(t), "%.2f MiB of its %.2f MiB peak", mib(row.limit_kind_bytes), mib(row.limit_peak));
+      why += t;
+    }
+    if (row.capped) why = cat("the search stops at ", kMaxSequences, " sequences; largest kind there: ", why);
+    if (row.sequences == 0) {
+      std::printf("%6s %22s %10s %14s   %s (not even 1 sequence fits)\n", zero.c_str(), "none", "-", "-", why.c_str());
+      continue;
+    }
+    std::printf("%6s %22d %10lld %14.2f   %s\n", zero.c_str(), row.sequences,
+                static_cast<long long>(row.sequences * r.batch_per_sequence), mib(row.peak_bytes), why.c_str());
+  }
+  if (!r.replicated) std::printf("no replicate directive: ZeRO levels do not apply, one row stands for all\n");
+}
+
+uint64_t parse_byte_size(const std::string& text, const std::string& what) {
+  size_t at = 0;
+  while (at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
+  const char* begin = text.c_str() + at;
+  char* end = nullptr;
+  const double value = std::strtod(begin, &end);
+  auto bad = [&]() {
+    return UserError(cat(what, ": '", text,
+                         "' is not a memory size (a positive number with an optional unit: B, KiB, MiB, GiB, TiB, "
+                         "KB, MB, GB, TB; e.g. 80GiB)"));
+  };
+  if (end == begin || !std::isfinite(value) || value <= 0) throw bad();
+  std::string unit(end);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.back()))) unit.pop_back();
+  for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},           {"b", 1},          {"kib", 1024.0},   {"mib", 1048576.0}, {"gib", 1073741824.0},
+      {"tib", 1099511627776.0}, {"kb", 1e3}, {"mb", 1e6},       {"gb", 1e9},        {"tb", 1e12},
+      {"k", 1024.0},     {"m", 1048576.0},  {"g", 1073741824.0}, {"t", 1099511627776.0}};
+  for (const auto& [name, scale] : units) {
+    if (unit != name) continue;
+    const double bytes = value * scale;
+    if (bytes < 1 || bytes > 1.8e19) throw bad();
+    return uint64_t(bytes);
+  }
+  throw bad();
+}
+
+}  // namespace piper

@@ -1,0 +1,46 @@
+// --dry-run --fit-memory SIZE: per ZeRO level, the largest microbatch (sequences per microbatch) whose
+// estimated peak fits in SIZE on every rank, and which rank and buffer kind stop the next size.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/job.hpp"
+
+namespace piper {
+
+// One ZeRO level's answer. sequences == 0: not even one sequence per microbatch fits (or the level does
+// not compile: `error` says why). The limit is read at `sequences + 1` (or at 1 when nothing fits), unless
+// the search reached `kMaxSequences` (then `capped`).
+struct FitRow {
+  int zero = 0;
+  int sequences = 0;           // per microbatch, per replica
+  uint64_t peak_bytes = 0;     // the highest rank's estimated peak at `sequences`
+  int limit_rank = -1, limit_set = -1;
+  int limit_kind = -1;         // BufferKind with the largest peak on the limiting rank
+  uint64_t limit_peak = 0, limit_kind_bytes = 0;
+  bool capped = false;
+  std::string error;
+};
+
+struct FitReport {
+  uint64_t limit_bytes = 0;
+  int microbatches = 0;
+  int64_t batch_per_sequence = 0;  // data.batch = sequences per microbatch × this
+  bool replicated = false;         // false: no replicate directive, one row stands for every level
+  std::vector<FitRow> rows;
+};
+
+constexpr int kMaxSequences = 1 << 20;
+
+// Compiles `spec` (already expanded) for `world` ranks at each trial size; throws UserError when the job
+// itself does not compile.
+FitReport fit_memory(const JobSpec& spec, int world, uint64_t limit_bytes);
+
+// Prints the report as a table.
+void print_fit_report(const FitReport& r);
+
+// "80GiB", "512 MiB", "1.5TB", "1e9": bytes. Throws UserError naming `what` for anything else.
+uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
+}  // namespace piper
