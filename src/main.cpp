@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "app/cli.hpp"
 #include "app/dry_run.hpp"
@@ -12,8 +13,51 @@
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 
+namespace {
+
+// Was this process started by mpirun, srun or another MPI launcher (which then expects MPI_Init)?
+bool started_by_launcher() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+                          "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
+// A dry run, --help, --version or a bad command line on a process no launcher started: no MPI at all. Its
+// start-up takes longer than compiling a 4,096-rank job, and a login node may not allow it.
+int run_without_mpi(const piper::CliOptions& opts, const std::string& cli_error) {
+  using namespace piper;
+  try {
+    if (!cli_error.empty()) throw UserError(cli_error);
+    if (opts.help || opts.version) {
+      std::printf("%s\n", opts.help ? opts.help_text.c_str() : piper_version());
+      return 0;
+    }
+    return dry_run(opts, 1);
+  } catch (const UserError& e) {
+    print_error(e.what());
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "piper: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace piper;
+  {
+    CliOptions opts;
+    std::string cli_error;
+    try {
+      opts = parse_cli(argc, argv);
+    } catch (const UserError& e) {
+      cli_error = e.what();
+    }
+    const bool trains = cli_error.empty() && !opts.help && !opts.version && !opts.dry_run;
+    if (!trains && !started_by_launcher()) return run_without_mpi(opts, cli_error);
+  }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;

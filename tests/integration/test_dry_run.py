@@ -1,6 +1,6 @@
 """--dry-run compiles and verifies without training: it prints each distinct plan's instruction count, plan
 bytes and estimated peak memory, the time and memory of each compile phase, --dump-plan writes the DAG (text, DOT) and the plans (text and binary), and nothing
-else is written (no metrics, no checkpoints). --fit-memory finds, per ZeRO level, the largest microbatch whose
+else is written (no metrics, no checkpoints). Outside a launcher it starts no MPI. --fit-memory finds, per ZeRO level, the largest microbatch whose
 estimate fits (checked against dry runs at that size and one more). --help and --version exit 0."""
 import os
 import subprocess
@@ -103,6 +103,16 @@ def main():
     if os.path.exists(ck) or os.path.exists(metrics):
         fail("a dry run wrote checkpoints or metrics")
     print("ok  --dry-run --world 4 --dump-plan: summary, graph (text, DOT), plans; nothing trained or written")
+
+    # outside a launcher a dry run starts no MPI: an MPI that cannot start does not stop it
+    env = dict(os.environ, OMPI_MCA_pml="does-not-exist")
+    for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"):
+        env.pop(k, None)
+    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    if p.returncode != 0 or "dry run of 't' for 4 ranks" not in p.stdout:
+        fail(f"a dry run outside mpirun with a broken MPI: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    print("ok  --dry-run outside a launcher runs without MPI")
 
     # under mpirun a dry run compiles once (rank 0) and exits 0 on every rank
     p = run(2, cfg, "--dry-run", "--set", "mesh.pp=2", "--set", "mesh.dp=1")
