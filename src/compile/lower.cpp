@@ -17,16 +17,33 @@ namespace piper {
 
 namespace {
 
+// What every set's lowering looks up in the whole graph, built once: the edges into and out of each node,
+// and per device set its all-to-all exchanges and its prefetched parameter gathers. (Scanning the graph
+// once per set made lowering grow with stages × nodes.)
+struct GraphIndex {
+  std::vector<std::vector<int>> in, out;
+  std::vector<std::vector<int>> exchanges, gathers;  // [device set] -> node ids
+
+  explicit GraphIndex(const Graph& g) : in(g.in_edges()), out(g.out_edges()), exchanges(g.sets.size()),
+                                        gathers(g.sets.size()) {
+    for (const auto& n : g.nodes) {
+      if (n.removed || n.device_set < 0 || size_t(n.device_set) >= g.sets.size()) continue;
+      if (n.kind == NodeKind::ALL_TO_ALL) exchanges[size_t(n.device_set)].push_back(n.id);
+      if (n.gather_for >= 0) gathers[size_t(n.device_set)].push_back(n.id);
+    }
+  }
+};
+
 class Lowerer {
  public:
-  Lowerer(const Graph& g, const JobSpec& spec, int set) : g_(g), m_(*g.model), spec_(spec), set_(set) {
+  Lowerer(const Graph& g, const GraphIndex& index, const std::vector<Segment>& segs, const JobSpec& spec, int set)
+      : g_(g), index_(index), m_(*g.model), segs_(segs), spec_(spec), set_(set) {
     n_ = int(g.sets[size_t(set)].ranks.size());
     b_ = g.samples_per_microbatch;
-    segs_ = m_.segments;
-    for (size_t i = 0; i < segs_.size(); ++i) segs_[i].shards = g.segment_shards[i];
-    for (const auto& n : g.nodes)  // boundaries whose activations (or gradients) are exchanged on this set
-      if (!n.removed && n.kind == NodeKind::ALL_TO_ALL && n.device_set == set)
-        exchanged_.insert({int(n.tensor.kind), n.tensor.index});
+    for (int id : index.exchanges[size_t(set)]) {  // boundaries whose activations (or gradients) are exchanged here
+      const Node& n = g.nodes[size_t(id)];
+      exchanged_.insert({int(n.tensor.kind), n.tensor.index});
+    }
   }
 
   Plan run(const std::vector<int>& sequence) {
@@ -72,8 +89,9 @@ class Lowerer {
   };
 
   const Graph& g_;
+  const GraphIndex& index_;
   const Model& m_;
-  std::vector<Segment> segs_;                 // the model's segments, with their shard counts
+  const std::vector<Segment>& segs_;          // the model's segments, with their shard counts
   std::set<std::pair<int, int>> exchanged_;   // (tensor kind, boundary) exchanged by an all-to-all
   const JobSpec& spec_;
   int set_;
@@ -322,8 +340,10 @@ class Lowerer {
   bool is_head(const Segment& s) const { return s.type->computes_loss; }
 
   void plan_segment_ops(const std::vector<int>& sequence) {
-    for (const auto& n : g_.nodes)
-      if (!n.removed && n.gather_for >= 0 && n.device_set == set_) gather_node_[{n.gather_for, n.bucket}] = n.id;
+    for (int id : index_.gathers[size_t(set_)]) {
+      const Node& n = g_.nodes[size_t(id)];
+      gather_node_[{n.gather_for, n.bucket}] = n.id;
+    }
     for (int id : sequence) {
       const Node& n = g_.nodes[size_t(id)];
       if (!is_compute(n.kind)) continue;
@@ -340,7 +360,7 @@ class Lowerer {
   void plan_early_reductions(const std::vector<int>& sequence) {
     std::map<int, size_t> position;
     for (size_t i = 0; i < sequence.size(); ++i) position[sequence[i]] = i;
-    auto in = g_.in_edges();
+    const auto& in = index_.in;
     for (int id : sequence) {
       const Node& c = g_.nodes[size_t(id)];
       if (c.purpose != CommPurpose::Gradient || c.bucket < 0) continue;
@@ -368,7 +388,7 @@ class Lowerer {
     std::map<int, size_t> compute_position;
     for (int id : sequence)
       if (is_compute(g_.nodes[size_t(id)].kind)) compute_position.emplace(id, compute_position.size());
-    auto out = g_.out_edges();
+    const auto& out = index_.out;
     for (int id : sequence) {
       if (g_.nodes[size_t(id)].kind != NodeKind::RECV) continue;
       size_t first = SIZE_MAX;
@@ -654,9 +674,12 @@ class Lowerer {
 
 std::vector<Plan> lower(const Graph& g, const JobSpec& spec) {
   auto sequences = set_sequences(g);
+  const GraphIndex index(g);
+  std::vector<Segment> segs = g.model->segments;
+  for (size_t i = 0; i < segs.size(); ++i) segs[i].shards = g.segment_shards[i];
   std::vector<Plan> bodies;
   for (size_t s = 0; s < g.sets.size(); ++s) {
-    Lowerer l(g, spec, int(s));
+    Lowerer l(g, index, segs, spec, int(s));
     Plan p = l.run(sequences[s]);
     fill_job_fields(p, spec, g);
     bodies.push_back(std::move(p));

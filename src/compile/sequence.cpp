@@ -58,11 +58,17 @@ std::vector<std::vector<int>> set_sequences(const Graph& g) {
     }
   }
   std::vector<std::vector<int>> seq(g.sets.size());
-  for (int id : order) {
+  for (int id : order) {  // each node to the sets node_on_set names, without trying every set
     const Node& n = g.nodes[size_t(id)];
     if (is_prefetched_gather(n)) continue;
-    for (size_t s = 0; s < g.sets.size(); ++s)
-      if (node_on_set(n, int(s))) seq[s].push_back(id);
+    if (n.purpose == CommPurpose::StepSync) {
+      for (auto& s : seq) s.push_back(id);
+    } else if (n.purpose == CommPurpose::TiedGradient) {
+      for (size_t s = 0; s < g.sets.size(); ++s)
+        if (node_on_set(n, int(s))) seq[s].push_back(id);
+    } else if (n.device_set >= 0 && size_t(n.device_set) < g.sets.size()) {
+      seq[size_t(n.device_set)].push_back(id);
+    }
   }
   return seq;
 }

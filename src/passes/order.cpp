@@ -15,35 +15,57 @@ namespace piper {
 
 namespace {
 
-// The live compute nodes, in id order, and the same by each (tag, value) they carry: a filter is tried on
-// the nodes of its most selective exact tag only, so that an order costs its matches, not slots × nodes.
-struct ComputeIndex {
-  std::vector<int> all;
-  std::map<std::pair<std::string, int>, std::vector<int>> by_tag;
-
-  explicit ComputeIndex(const Graph& g) {
-    for (const auto& n : g.nodes) {
-      if (n.removed || !is_compute(n.kind)) continue;
-      all.push_back(n.id);
-      for (const auto& [tag, value] : n.tags) by_tag[{tag, value}].push_back(n.id);
-    }
+// The live compute nodes, in id order, and the same by the values of the exact tags a filter names: a
+// filter is tried only on the nodes that carry all of its exact tag values (MB = m and PP = p, say), so
+// that an order costs its matches, not slots × nodes. The index of each combination of tags is built the
+// first time a filter names it.
+class ComputeIndex {
+ public:
+  explicit ComputeIndex(const Graph& g) : g_(g) {
+    for (const auto& n : g.nodes)
+      if (!n.removed && is_compute(n.kind)) all_.push_back(n.id);
   }
   // Nodes that may match `f`, in id order: a superset of its matches.
-  const std::vector<int>& candidates(const Filter& f) const {
-    static const std::vector<int> none;
-    const std::vector<int>* best = &all;
-    for (const auto& [tag, m] : f.match) {
+  const std::vector<int>& candidates(const Filter& f) {
+    std::vector<std::string> tags;
+    std::vector<int> values;
+    for (const auto& [tag, m] : f.match) {  // std::map: tags in name order
       if (tag == "PASS" || m.kind != TagMatch::Kind::Int) continue;
-      auto it = by_tag.find({tag, int(m.value)});
-      if (it == by_tag.end()) return none;
-      if (it->second.size() < best->size()) best = &it->second;
+      tags.push_back(tag);
+      values.push_back(int(m.value));
     }
-    return *best;
+    if (tags.empty()) return all_;
+    auto by = by_tags_.find(tags);
+    if (by == by_tags_.end()) by = by_tags_.emplace(tags, build(tags)).first;
+    auto it = by->second.find(values);
+    return it == by->second.end() ? none_ : it->second;
   }
+
+ private:
+  using ByValues = std::map<std::vector<int>, std::vector<int>>;
+  ByValues build(const std::vector<std::string>& tags) const {
+    ByValues by;
+    std::vector<int> values(tags.size());
+    for (int id : all_) {
+      const auto& node_tags = g_.nodes[size_t(id)].tags;
+      bool has_all = true;
+      for (size_t i = 0; i < tags.size() && has_all; ++i) {
+        auto t = node_tags.find(tags[i]);
+        if (t == node_tags.end()) has_all = false;
+        else values[i] = t->second;
+      }
+      if (has_all) by[values].push_back(id);
+    }
+    return by;
+  }
+  const Graph& g_;
+  std::vector<int> all_;
+  const std::vector<int> none_;
+  std::map<std::vector<std::string>, ByValues> by_tags_;
 };
 
 // Adds the edges of one order directive.
-void add_order_edges(Graph& g, const Directive& d, const ComputeIndex& index) {
+void add_order_edges(Graph& g, const Directive& d, ComputeIndex& index) {
   std::vector<std::vector<int>> slots;
   std::set<int> seen;
   int set = -1, set_node = -1;
@@ -86,7 +108,7 @@ void add_order_edges(Graph& g, const Directive& d, const ComputeIndex& index) {
 
 void apply_orders(Graph& g, const std::vector<Directive>& orders) {
   if (orders.empty()) return;
-  const ComputeIndex index(g);  // orders add edges only: the compute nodes stay the same
+  ComputeIndex index(g);  // orders add edges only: the compute nodes stay the same
   std::vector<size_t> first_edge;
   for (const auto& d : orders) {
     first_edge.push_back(g.edges.size());
