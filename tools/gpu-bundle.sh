@@ -20,14 +20,15 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPIPER_NATIVE=OFF -DCMAKE_CXX
   -DCMAKE_CUDA_ARCHITECTURES="${ARCH}-real;${ARCH}-virtual" > "$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; exit 1; }
 grep -q "CUDA backend ON" "$BUILD.configure.log" || { cat "$BUILD.configure.log"; echo "gpu-bundle: CUDA backend off" >&2; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" --target piper piper_tests sgemm_peak
+cmake --build "$BUILD" -j "$(nproc)" --target piper piper_cuda piper_tests sgemm_peak
 # Debian's libopenblas.so.0 (every precision, LAPACK, libgfortran) would be half the bundle: the bundle gets
 # a single-precision BLAS built from the same source package instead (once; cached under build-bundle/).
 BLAS=$(tools/bundle-openblas.sh "${BUNDLE_OPENBLAS:-build-bundle/openblas}")
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/configs" "$OUT/data" "$OUT/tools"
-cp "$BUILD/piper" "$BUILD/tests/piper_tests" "$BUILD/bench/sgemm_peak" "$OUT/bin/"
+# piper loads its CUDA backend from its own folder (libpiper_cuda.so); the unit tests link it in.
+cp "$BUILD/piper" "$BUILD/libpiper_cuda.so" "$BUILD/tests/piper_tests" "$BUILD/bench/sgemm_peak" "$OUT/bin/"
 cp "$BLAS" "$OUT/lib/libopenblas.so.0"
 
 # Open MPI as Debian lays it out, mirrored under the bundle so that OPAL_PREFIX relocates it.

@@ -74,4 +74,8 @@ class Backend {
 // Creates the backend named in the plan ("cpu" or "cuda") with `threads` compute threads per rank.
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, int local_rank);
 
+// The CUDA backend's constructor, which it registers itself (at load) where it is built.
+using CudaBackendFactory = std::unique_ptr<Backend> (*)(int local_rank);
+void register_cuda_backend(CudaBackendFactory make);
+
 }  // namespace piper

@@ -160,6 +160,11 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(int local_rank) { return std::make_unique<CudaBackend>(local_rank); }
 
+namespace {
+// Linked into a program, or loaded as libpiper_cuda.so: either way the backend registers itself.
+[[maybe_unused]] const bool registered = (register_cuda_backend(&make_cuda_backend), true);
+}  // namespace
+
 }  // namespace piper
 
 #endif  // PIPER_HAVE_CUDA
