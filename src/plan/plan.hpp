@@ -46,6 +46,7 @@ struct PlanParam {
   int32_t bucket = -1;
   int64_t offset = 0;        // elements from the bucket start
   bool home = true;          // false: a tied copy (not counted in the norm, not saved)
+  uint8_t padding0_[7] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
 };
 
 // What a collective group is, independently of which replica runs the plan.
@@ -60,6 +61,7 @@ struct GroupRef {
 
 struct PlanBucket {
   int32_t region = -1;
+  uint8_t padding0_[4] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
   int64_t numel = 0;    // parameters in it
   int64_t padded = 0;   // numel rounded up to a multiple of the group size
   int32_t zero = -1;    // replication level; -1 not replicated
@@ -73,6 +75,7 @@ struct PlanBucket {
   bool shard_params = false, shard_grads = false, shard_optimizer = false;
   bool tied_copy = false;
   bool owned_slices = false;  // sharded without gathers or reductions: each rank computes only with its slice
+  uint8_t padding1_[7] = {};
 };
 
 // A range of a buffer; with per_replica set the offset moves by replica × count on each rank.

@@ -3,7 +3,9 @@
 // rejected with a SystemError that names it, instead of reaching the executor.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <functional>
+#include <new>
 
 #include "compile/compile.hpp"
 #include "config/load.hpp"
@@ -86,6 +88,34 @@ TEST_CASE("every plan body the compiler writes reads back through the plan check
       CHECK(back.buffers.size() == body.buffers.size());
       for (int rank : back.sets[size_t(back.set)]) CHECK_NOTHROW(check_plan(bind_plan(back, rank)));
     }
+  }
+}
+
+// Default-constructed over memory full of 0xAB, a struct the plan copies byte for byte must leave none of
+// those bytes: each padding byte is a member, so that the same job gives the same plan bytes every run.
+template <typename T>
+bool leaves_no_stale_byte() {
+  alignas(T) unsigned char raw[sizeof(T)];
+  std::memset(raw, 0xAB, sizeof(raw));
+  T* t = new (raw) T;  // default-initialization: implicit padding would keep 0xAB
+  bool clean = true;
+  for (unsigned char b : raw) clean &= b != 0xAB;
+  t->~T();
+  return clean;
+}
+
+TEST_CASE("the structs a plan copies byte for byte have no implicit padding, so plans are reproducible", "[plan]") {
+  CHECK(leaves_no_stale_byte<ModelDims>());
+  CHECK(leaves_no_stale_byte<PlanBucket>());
+  CHECK(leaves_no_stale_byte<PlanParam>());
+  for (const Job& job : jobs()) {
+    INFO(job.what);
+    const std::vector<Plan> first = bodies(job);
+    std::vector<std::vector<unsigned char>> churn(64, std::vector<unsigned char>(4096, 0xAB));  // stale heap
+    churn.clear();
+    const std::vector<Plan> second = bodies(job);
+    REQUIRE(first.size() == second.size());
+    for (size_t s = 0; s < first.size(); ++s) CHECK(serialize_plan(first[s]) == serialize_plan(second[s]));
   }
 }
 
