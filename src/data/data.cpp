@@ -107,28 +107,23 @@ FileIdentity file_identity(const std::string& path) {
   constexpr int64_t kMiB = int64_t(1) << 20;
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw UserError(cat("data.path: cannot open '", path, "': ", std::strerror(errno)));
-  errno = 0;
   struct stat st {};
   FileIdentity id;
   std::vector<uint8_t> buf;
   uint64_t h = 14695981039346656037ull;  // FNV-1a 64: offset basis
-  bool ok = fstat(fd, &st) == 0;
-  if (ok) {
+  int err = fstat(fd, &st) == 0 ? 0 : errno;
+  if (err == 0) {
     id.bytes = int64_t(st.st_size);
     const int64_t head = std::min(id.bytes, kMiB), tail_at = std::max<int64_t>(0, id.bytes - kMiB);
     for (auto [at, n] : {std::pair<int64_t, int64_t>{0, head}, {tail_at, id.bytes - tail_at}}) {
       buf.resize(size_t(n));
-      for (int64_t got = 0; ok && got < n;) {
-        ssize_t r = ::pread(fd, buf.data() + got, size_t(n - got), off_t(at + got));
-        ok = r > 0;
-        got += ok ? r : 0;
-      }
-      for (int64_t i = 0; ok && i < n; ++i) h = (h ^ buf[size_t(i)]) * 1099511628211ull;  // FNV prime
+      if (err == 0) err = pread_all(fd, buf.data(), size_t(n), uint64_t(at));  // retries EINTR
+      for (int64_t i = 0; err == 0 && i < n; ++i) h = (h ^ buf[size_t(i)]) * 1099511628211ull;  // FNV prime
     }
   }
-  const int err = errno;
   ::close(fd);
-  if (!ok) throw UserError(cat("data.path: cannot read '", path, "': ", err ? std::strerror(err) : "the file shrank"));
+  if (err != 0)
+    throw UserError(cat("data.path: cannot read '", path, "': ", err == kEndOfFile ? "the file shrank" : file_error_text(err)));
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   id.hash = cat("fnv1a64:", hex);
