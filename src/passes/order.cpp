@@ -107,23 +107,26 @@ void add_order_edges(Graph& g, const Directive& d, ComputeIndex& index) {
 }  // namespace
 
 void apply_orders(Graph& g, const std::vector<Directive>& orders) {
-  if (orders.empty()) return;
-  ComputeIndex index(g);  // orders add edges only: the compute nodes stay the same
   std::vector<size_t> first_edge;
-  for (const auto& d : orders) {
+  if (!orders.empty()) {
+    ComputeIndex index(g);  // orders add edges only: the compute nodes stay the same
+    for (const auto& d : orders) {
+      first_edge.push_back(g.edges.size());
+      add_order_edges(g, d, index);
+    }
     first_edge.push_back(g.edges.size());
-    add_order_edges(g, d, index);
   }
-  first_edge.push_back(g.edges.size());
-  if (g.topo_order().size() == g.live_nodes()) return;
-  // A cycle: name the first directive that closes one, as if each were checked on its own. Take every
-  // order edge out, then put each directive's back and check (only on this error path).
-  for (size_t e = first_edge.front(); e < first_edge.back(); ++e) g.edges[e].removed = true;
+  if (g.topo_order().size() == g.live_nodes()) return;  // the one check of the whole graph
+  // A cycle: name what closes it, as if the graph were checked before the orders and after each one. Take
+  // every order edge out, then put each directive's back and check (only on this error path).
+  if (!orders.empty())
+    for (size_t e = first_edge.front(); e < first_edge.back(); ++e) g.edges[e].removed = true;
+  g.check_acyclic("the training graph");
   for (size_t k = 0; k < orders.size(); ++k) {
     for (size_t e = first_edge[k]; e < first_edge[k + 1]; ++e) g.edges[e].removed = false;
     g.check_acyclic(orders[k].describe());
   }
-  g.check_acyclic("the order directives");
+  g.check_acyclic("the training graph");
 }
 
 }  // namespace piper

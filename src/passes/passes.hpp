@@ -19,7 +19,8 @@ void mark_shard(Graph& g, const Directive& d);
 void insert_exchanges(Graph& g);
 void insert_replication(Graph& g);
 void insert_tied_sync(Graph& g);
-// Every order directive, in the given order; a cycle names the first directive that closes one.
+// Every order directive, in the given order, then one cycle check of the whole graph: a cycle names the
+// first directive that closes one (or the graph, when it has one without any order).
 void apply_orders(Graph& g, const std::vector<Directive>& orders);
 
 // Does region `region` use a parameter of bucket `bucket` on the bucket's device set?
