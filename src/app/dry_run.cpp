@@ -182,7 +182,7 @@ int dry_run(const CliOptions& opts, int world_size) {
     std::printf("wrote graph.txt, graph.dot, directives.txt, timeline.json (predicted) and %zu plans (text and binary) to %s\n",
                 result.bodies.size(), dir.string().c_str());
   }
-  if (opts.fit_memory_bytes > 0) print_fit_report(fit_memory(spec, world, opts.fit_memory_bytes));
+  if (opts.fit_memory_bytes > 0) print_fit_report(fit_memory(spec, world, g, opts.fit_memory_bytes));
   return 0;
 }
 

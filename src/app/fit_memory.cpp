@@ -96,17 +96,13 @@ double mib(uint64_t b) { return double(b) / 1048576.0; }
 
 }  // namespace
 
-FitReport fit_memory(const JobSpec& spec, int world, uint64_t limit_bytes) {
+FitReport fit_memory(const JobSpec& spec, int world, const Graph& compiled, uint64_t limit_bytes) {
   FitReport rep;
   rep.limit_bytes = limit_bytes;
-  {
-    CompileResult r;
-    compile_job(spec, world, r);
-    rep.microbatches = r.graph.microbatches;
-    rep.batch_per_sequence = r.graph.global_batch / r.graph.samples_per_microbatch;
-    if (rep.batch_per_sequence * r.graph.samples_per_microbatch != r.graph.global_batch)
-      throw SystemError("fit-memory: data.batch is not a whole number of microbatch sizes");
-  }
+  rep.microbatches = compiled.microbatches;
+  rep.batch_per_sequence = compiled.global_batch / compiled.samples_per_microbatch;
+  if (rep.batch_per_sequence * compiled.samples_per_microbatch != compiled.global_batch)
+    throw SystemError("fit-memory: data.batch is not a whole number of microbatch sizes");
   for (const Directive& d : spec.directives) rep.replicated |= d.op == "replicate";
   for (int zero = 0; zero <= (rep.replicated ? 3 : 0); ++zero)
     rep.rows.push_back(fit_level(spec, world, zero, rep.batch_per_sequence, limit_bytes));

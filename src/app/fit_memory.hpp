@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config/job.hpp"
+#include "ir/graph.hpp"
 
 namespace piper {
 
@@ -33,9 +34,9 @@ struct FitReport {
 
 constexpr int kMaxSequences = 1 << 20;
 
-// Compiles `spec` (already expanded) for `world` ranks at each trial size; throws UserError when the job
-// itself does not compile.
-FitReport fit_memory(const JobSpec& spec, int world, uint64_t limit_bytes);
+// Compiles `spec` (already expanded) for `world` ranks at each trial size; `compiled` is the graph of the
+// job as given (its microbatches and batch split). Throws UserError when the job itself does not compile.
+FitReport fit_memory(const JobSpec& spec, int world, const Graph& compiled, uint64_t limit_bytes);
 
 // Prints the report as a table.
 void print_fit_report(const FitReport& r);
