@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds a self-contained CUDA bundle for a GPU machine that has CUDA but none of this project's packages:
 # piper, its unit tests and sgemm_peak for sm_90 (+PTX), every shared library they and Open MPI need except
-# libc, libcuda and the CUDA runtime libraries, Open MPI's plugins and help files, an env.sh, configs and data.
+# libc, libcuda and the CUDA runtime libraries, Open MPI's plugins and help files, an env.sh, configs, data,
+# tools/gpu-check.sh and the CPU reference losses it compares the CUDA runs with (reference/, made here).
 # Usage: tools/gpu-bundle.sh [OUT_DIR]   (default build-bundle/piper-gpu; also writes OUT_DIR.tar.xz)
+#        env: REF_STEPS (steps of the CPU references, 50: gpu-check.sh's default STEPS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -105,6 +107,14 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_6
 done
 export LD_LIBRARY_PATH="$B/lib:$B/lib/x86_64-linux-gnu/openmpi/lib${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ENV
+
+# CPU reference losses for tools/gpu-check.sh, with the bundle's own piper and libraries, so that the GPU
+# machine spends its time on the CUDA runs only (same configs, steps and settings as the check's runs).
+echo "gpu-bundle: CPU reference losses (${REF_STEPS:-50} steps per config; a few minutes)"
+ref=$OUT/reference piper_bin=$OUT/bin/piper
+# shellcheck disable=SC1091
+(. "$OUT/env.sh" && PIPER=$piper_bin OUT=$ref tools/gpu-check.sh --make-references "$ref" "${REF_STEPS:-50}") ||
+  { echo "gpu-bundle: a CPU reference run failed (logs in $ref)" >&2; exit 1; }
 
 size=$(du -sm "$OUT" | cut -f1)
 tar -C "$(dirname "$OUT")" -cJf "$OUT.tar.xz" "$(basename "$OUT")"

@@ -115,6 +115,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   std::unique_ptr<ProfilingKernels> profiler;
   if (opts.profile) profiler = std::make_unique<ProfilingKernels>(backend->kernels());
   Executor ex(plan, *backend, world, profiler.get());
+  ex.set_synchronous(opts.profile || !opts.trace.empty());  // measured times are the device's
   ex.init_parameters();
   install_stop_signals(rank);
   ex.watch_stop_flag(&stop_signal());

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/kernels.hpp"
 
@@ -22,6 +23,17 @@ class CommHandle {
 class StreamContext {
  public:
   virtual ~StreamContext() = default;
+};
+
+// A point-to-point channel of one rank: its transfers to (sending) or from `peer` (a world rank) on one
+// executor stream. Transfers of one channel complete in posting order.
+struct PeerChannel {
+  int peer = -1;
+  bool sending = false;
+  std::string stream;
+  bool operator==(const PeerChannel& o) const {  // C++17: the .cu files include this header
+    return peer == o.peer && sending == o.sending && stream == o.stream;
+  }
 };
 
 // Collectives and point-to-point transfers of one group (fp32, sum). Every call is non-blocking.
@@ -48,6 +60,11 @@ class Communicator {
                                            StreamContext* s) = 0;
   virtual std::unique_ptr<CommHandle> recv(float* buf, size_t count, int peer_world_rank, int tag,
                                            StreamContext* s) = 0;
+  // Sets up, before any transfer, every point-to-point channel this rank will use, in the order given
+  // (blocking; each channel with its peer). Every rank's order must agree with its peers' orders
+  // (runtime/communicator_order.hpp): where setting up a channel blocks until the peer takes part (NCCL),
+  // channels created in disagreeing orders deadlock. They are torn down in the same order.
+  virtual void connect(const std::vector<PeerChannel>& channels) {}
 };
 
 class Backend {
@@ -57,18 +74,27 @@ class Backend {
   virtual Kernels& kernels() = 0;
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* p, size_t bytes) = 0;
+  // Zeroes device memory: ordered after the calling thread's bound stream's earlier work where one is
+  // bound (and possibly still running on return), complete on return otherwise.
   virtual void zero(void* p, size_t bytes) = 0;
   // A stream for one executor thread; bind() makes it current on the calling thread.
   virtual std::unique_ptr<StreamContext> make_stream(const std::string& name) = 0;
   virtual void bind(StreamContext* s) = 0;
-  // Device-side ordering between streams (no-ops where work is synchronous).
+  // Device-side ordering between streams (no-ops where work is synchronous): record(s, e) marks the work
+  // issued to `s` so far as event e (0 <= e < prepare_events' count, created once); wait(s, e) makes work
+  // issued to `s` from now on start after that mark. The host does not block in either.
   virtual void record(StreamContext* s, int event) = 0;
   virtual void wait(StreamContext* s, int event) = 0;
   virtual void prepare_events(int count) = 0;
+  // Blocks the host until the work issued to `s` (nullptr: the calling thread's stream) is complete.
   virtual void synchronize(StreamContext* s) = 0;
   // Communicator over the members of `comm` (created collectively by them). Point-to-point peers
   // are world ranks; `world` translates.
   virtual std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) = 0;
+  // A communicator used only for point-to-point transfers (its collectives need not work).
+  virtual std::unique_ptr<Communicator> make_point_to_point(MPI_Comm comm, MPI_Comm world) {
+    return make_communicator(comm, world);
+  }
 };
 
 // Creates the backend named in the plan ("cpu" or "cuda") with `threads` compute threads per rank.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/segment_type.hpp"
+#include "runtime/communicator_order.hpp"
 #include "runtime/learning_rate.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
@@ -94,6 +95,9 @@ Executor::~Executor() {
   cv_start_.notify_all();
   for (auto& s : streams_)
     if (s.thread.joinable()) s.thread.join();
+  // Torn down in the order they were set up, which every rank shares (communicator_order.hpp): where a
+  // teardown waits for the other members (NCCL), two ranks in different orders would wait for each other.
+  for (size_t g : group_order_) groups_[g].reset();
   groups_.clear();
   p2p_.reset();
   backend_.release(scalars_, 4 * sizeof(double));
@@ -122,11 +126,15 @@ void Executor::make_communicators() {
       MPI_Comm_free(&c);
       continue;
     }
-    groups_[size_t(it - plan_.groups.begin())] = backend_.make_communicator(c, world_);
+    const size_t index = size_t(it - plan_.groups.begin());
+    groups_[index] = backend_.make_communicator(c, world_);
+    group_order_.push_back(index);
   }
   MPI_Comm p2p;
   MPI_CHECK(MPI_Comm_dup(world_, &p2p));
-  p2p_ = backend_.make_communicator(p2p, world_);
+  p2p_ = backend_.make_point_to_point(p2p, world_);
+  // every channel of the plan, before the first step, in the order every rank agrees on
+  p2p_->connect(plan_peer_channels(plan_));
 }
 
 Communicator& Executor::group(int32_t g) {
@@ -248,7 +256,7 @@ void Executor::run_stream_step(Stream& s) {
     }
     if (!in.waits.empty()) s.flight->waiting(-1, -1);
     if (abort_) throw Aborted{};
-    for (int32_t b : touched_[size_t(i)]) store_.acquire(b);
+    for (int32_t b : touched_[size_t(i)]) store_.acquire(b, s.ctx.get());
     execute(s, i);
     poll(s);
   }
@@ -258,6 +266,8 @@ void Executor::run_stream_step(Stream& s) {
     poll(s);
     if (!s.pending.empty()) backoff(round);
   }
+  // the step ends when its device work does (checkpoints and the next step's first uses read it)
+  backend_.synchronize(s.ctx.get());
 }
 
 void Executor::wait_for(Stream& s, int32_t j) {
@@ -290,8 +300,10 @@ void Executor::poll(Stream& s) {
 }
 
 void Executor::complete(Stream& s, int32_t i) {
+  // Done for the host: issued (compute) or observed finished (communication). Device work that follows
+  // it on other streams is ordered after this event (wait in run_stream_step, buffer reuse).
   backend_.record(s.ctx.get(), i);
-  for (int32_t b : touched_[size_t(i)]) store_.release_use(b);
+  for (int32_t b : touched_[size_t(i)]) store_.release_use(b, s.id, i);
   const double t = now_seconds();
   s.events[size_t(event_index_[size_t(i)])].end = t - t0_;
   s.flight->finish(flight_index_[size_t(i)], t);
@@ -340,7 +352,7 @@ void Executor::execute(Stream& s, int32_t i) {
       return;
     }
   }
-  backend_.synchronize(ctx);
+  if (synchronous_) backend_.synchronize(ctx);  // device times in the timeline, at the cost of overlap
   complete(s, i);
 }
 

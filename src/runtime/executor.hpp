@@ -56,6 +56,10 @@ class Executor {
 
   // Timing: every instruction's start and end are recorded (cheap); after a step, its events can be
   // taken (for a trace file) and its times are summarized. The origin is set by set_time_origin.
+  // Where device work runs after the host issued it (CUDA), a compute instruction ends, for the host, when
+  // it is issued; set_synchronous(true) waits for each one's device work, so that the times are the
+  // device's (for traces and profiles), at the cost of overlapping streams.
+  void set_synchronous(bool on) { synchronous_ = on; }
   void set_time_origin(double t0) { t0_ = t0; }
   std::vector<TraceEvent> take_events();
   const StepTimes& last_step_times() const { return last_times_; }
@@ -98,6 +102,7 @@ class Executor {
   BufferStore store_;
   std::unique_ptr<DataLoader> data_;
   std::vector<std::unique_ptr<Communicator>> groups_;  // by index into plan.groups
+  std::vector<size_t> group_order_;                    // indices into groups_, in the order they were made
   std::unique_ptr<Communicator> p2p_;
   std::vector<std::vector<int32_t>> touched_;  // buffers each instruction uses
   std::vector<int32_t> param_slot_;            // model param → plan param
@@ -125,6 +130,7 @@ class Executor {
   std::atomic<bool> abort_{false};
   std::exception_ptr error_;
   double t0_ = 0;
+  bool synchronous_ = false;
   StepTimes last_times_;
   std::vector<int32_t> event_index_;  // instruction → its event in its stream's list this step
   std::vector<uint64_t> flight_index_;  // instruction → its record in its stream's flight recorder

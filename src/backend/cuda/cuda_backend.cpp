@@ -1,15 +1,19 @@
 // The CUDA backend: device memory from cudaMalloc, one non-blocking cudaStream_t (with its own cuBLAS handle)
-// per executor stream, CudaKernels, and NCCL communicators. The GPU is local_rank modulo the devices visible.
+// per executor stream, events (created once) for the order between streams, CudaKernels, and NCCL
+// communicators. The GPU is local_rank modulo the devices visible.
 #ifdef PIPER_HAVE_CUDA
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/cuda/cuda_kernels.hpp"
 #include "backend/cuda/host_staged_communicator.hpp"
+#include "backend/cuda/local_communicator.hpp"
 #include "backend/cuda/nccl_communicator.hpp"
+#include "util/mpi_check.hpp"
 
 namespace piper {
 
@@ -94,6 +98,10 @@ class CudaBackend final : public Backend {
 
   void zero(void* p, size_t bytes) override {
     if (bytes == 0) return;
+    if (CudaStream* bound = bound_cuda_stream()) {  // ordered on the caller's stream, no host wait
+      CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, bound->stream()));
+      return;
+    }
     CudaKernels::Target t = kernels_->target();
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, t.stream.stream()));
     CUDA_CHECK(cudaStreamSynchronize(t.stream.stream()));
@@ -113,13 +121,22 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaSetDevice(device_));  // the device is per host thread
   }
 
-  // A completed instruction's device work is finished before others may use its buffers: the stream is
-  // synchronized here. Compute streams are already idle (the executor synchronizes them); communication
-  // streams only hold the short kernels that follow a finished transfer, since NCCL runs on streams of
-  // the communicators. Device-side waits are therefore never needed.
-  void record(StreamContext* s, int) override { synchronize(s); }
-  void wait(StreamContext*, int) override {}
-  void prepare_events(int) override {}
+  // The order between streams stays on the device: an event recorded after an instruction's work, and
+  // streams that depend on it wait for the event, not the host.
+  void record(StreamContext* s, int event) override {
+    CUDA_CHECK(cudaEventRecord(event_at(event), stream_of(s, "record")));
+  }
+  void wait(StreamContext* s, int event) override {
+    CUDA_CHECK(cudaStreamWaitEvent(stream_of(s, "wait"), event_at(event), 0));
+  }
+  void prepare_events(int count) override {
+    destroy_events();
+    CUDA_CHECK(cudaSetDevice(device_));
+    events_.assign(size_t(std::max(count, 0)), nullptr);
+    for (cudaEvent_t& e : events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+
+  ~CudaBackend() override { destroy_events(); }
 
   void synchronize(StreamContext* s) override {
     if (s) {
@@ -133,6 +150,17 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, MPI_Comm world) override {
+    return communicator(comm, world, true);
+  }
+  std::unique_ptr<Communicator> make_point_to_point(MPI_Comm comm, MPI_Comm world) override {
+    return communicator(comm, world, false);
+  }
+
+ private:
+  std::unique_ptr<Communicator> communicator(MPI_Comm comm, MPI_Comm world, bool collectives) {
+    int size = 1;
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    if (size == 1) return make_local_communicator(comm);  // nothing to exchange: no NCCL set-up
     // NCCL needs a GPU per rank; ranks sharing one (tests, small jobs) exchange through host memory
     if (members_share_a_gpu(comm, device_)) {
       if (!warned_shared_) {
@@ -145,13 +173,33 @@ class CudaBackend final : public Backend {
       }
       return make_host_staged_communicator(comm, world);
     }
-    return make_nccl_communicator(comm, world, device_);
+    return make_nccl_communicator(comm, world, device_, collectives);
   }
 
+  cudaStream_t stream_of(StreamContext* s, const char* what) {
+    if (s) {
+      auto* cs = dynamic_cast<CudaStream*>(s);
+      PIPER_CHECK(cs, what, ": the stream was not made by the CUDA backend");
+      return cs->stream();
+    }
+    if (CudaStream* bound = bound_cuda_stream()) return bound->stream();
+    return fallback_->stream();
+  }
 
- private:
+  cudaEvent_t event_at(int event) const {
+    PIPER_CHECK(event >= 0 && size_t(event) < events_.size(), "event ", event, " of ", events_.size());
+    return events_[size_t(event)];
+  }
+
+  void destroy_events() noexcept {
+    for (cudaEvent_t e : events_)
+      if (e) (void)cudaEventDestroy(e);
+    events_.clear();
+  }
+
   int device_ = 0;
   bool warned_shared_ = false;
+  std::vector<cudaEvent_t> events_;  // one per instruction, recorded once per step
   std::unique_ptr<CudaStream> fallback_;  // for threads without a bound stream
   std::unique_ptr<CudaKernels> kernels_;
 };

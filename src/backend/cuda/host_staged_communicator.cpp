@@ -5,11 +5,13 @@
 #include "backend/cuda/host_staged_communicator.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_common.hpp"
+#include "backend/device_identity.hpp"
 #include "backend/mpi_ranks.hpp"
 #include "backend/rows_layout.hpp"
 #include "util/error.hpp"
@@ -165,21 +167,31 @@ class HostStagedCommunicator final : public Communicator {
 
 }  // namespace
 
+std::string gpu_uuid(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    // as nvidia-smi -L prints it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    std::string out = "GPU-";
+    char hex[3];
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+      std::snprintf(hex, sizeof(hex), "%02x", unsigned(static_cast<unsigned char>(prop.uuid.bytes[i])));
+      out += hex;
+    }
+    return out;
+  }
+  (void)cudaGetLastError();
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), device) == cudaSuccess) return std::string("pci-") + bus;
+  (void)cudaGetLastError();
+  return "ordinal-" + std::to_string(device);
+}
+
 bool members_share_a_gpu(MPI_Comm comm, int device) {
   char name[MPI_MAX_PROCESSOR_NAME] = {0};
   int len = 0;
   MPI_CHECK(MPI_Get_processor_name(name, &len));
-  const std::string mine = std::string(name, size_t(len)) + "#" + std::to_string(device);
-  int size = 1;
-  MPI_CHECK(MPI_Comm_size(comm, &size));
-  constexpr int kWidth = MPI_MAX_PROCESSOR_NAME + 16;
-  std::vector<char> all(size_t(size) * kWidth, 0), own(kWidth, 0);
-  std::memcpy(own.data(), mine.data(), std::min(mine.size(), size_t(kWidth) - 1));
-  MPI_CHECK(MPI_Allgather(own.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, comm));
-  for (int a = 0; a < size; ++a)
-    for (int b = a + 1; b < size; ++b)
-      if (std::strncmp(all.data() + size_t(a) * kWidth, all.data() + size_t(b) * kWidth, kWidth) == 0) return true;
-  return false;
+  return members_share_a_device(comm, device_identity(std::string(name, size_t(len)), gpu_uuid(device)));
 }
 
 std::unique_ptr<Communicator> make_host_staged_communicator(MPI_Comm comm, MPI_Comm world) {

@@ -1,6 +1,7 @@
 // NCCL communicator of the CUDA backend: collectives on one NCCL communicator per group, point-to-point
-// transfers on two-rank NCCL channels per (peer, direction), each on its own stream after the work already
-// queued on the caller's stream. CommHandle::test() queries an event recorded after the operation.
+// transfers on two-rank NCCL channels per (peer, direction, stream), all set up by connect() before the
+// first step in an order every rank shares, each on its own stream after the work already queued on the
+// caller's stream. CommHandle::test() queries an event (from a pool, created once) recorded after the operation.
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/nccl_communicator.hpp"
 #include "backend/mpi_ranks.hpp"
@@ -9,11 +10,9 @@
 #include <nccl.h>
 
 #include <atomic>
-#include <deque>
 #include <map>
-#include <tuple>
 #include <mutex>
-#include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -40,45 +39,57 @@ int channel_tag(const std::string& stream) {
   return int(h % 30000u);
 }
 
-cudaEvent_t new_event() {
-  cudaEvent_t e = nullptr;
-  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
-}
+// Events of one communicator's operations, created on first need and reused: no cudaEventCreate per
+// operation once the pool holds as many as are in flight.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void give(cudaEvent_t e) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
 
 // One posted operation. `ready` marks the caller's stream at posting; `done` follows it on the NCCL stream.
 struct Op {
-  bool send = false;  // point-to-point only: send or receive
-  float* buf = nullptr;
-  size_t count = 0;
+  std::shared_ptr<EventPool> pool;
   cudaEvent_t ready = nullptr;
   cudaEvent_t done = nullptr;
-  std::atomic<bool> enqueued{false};  // set under the communicator's lock, read by handles
   ~Op() {
-    if (ready) (void)cudaEventDestroy(ready);
-    if (done) (void)cudaEventDestroy(done);
+    if (ready) pool->give(ready);
+    if (done) pool->give(done);
   }
 };
 
 // An NCCL communicator with the stream its operations run on.
-// NCCL runs the operations of one communicator in posting order, so a single communicator for all transfers
-// would make a send wait for an unrelated receive posted before it (a deadlock when two ranks send to each
-// other first). Each (peer, direction) therefore gets its own two-rank channel, created in the background
-// on first use once both sides know its id; transfers posted before that wait in `waiting`, in order.
 struct Link {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   int nranks = 0, rank = 0;
-  bool ready = false;  // comm usable
   std::shared_ptr<Op> last;  // latest enqueued operation
-  // channel setup
-  ncclUniqueId id{};
-  bool id_known = false;
-  MPI_Request id_send = MPI_REQUEST_NULL, id_recv = MPI_REQUEST_NULL;
-  std::thread init;
-  std::atomic<bool> init_done{false};
-  ncclResult_t init_result = ncclSuccess;
-  std::deque<std::shared_ptr<Op>> waiting;
+  std::string name;          // for messages: "to rank 3 (p2p.fwd)"
 };
 
 // Throws if NCCL reported an asynchronous failure (a peer died, a network error) on `comm`.
@@ -89,21 +100,22 @@ void check_async(ncclComm_t comm) {
     throw SystemError(cat("NCCL asynchronous error: ", ncclGetErrorString(state), " (", ncclGetLastError(comm), ")"));
 }
 
-// One-float transfer over a new two-rank channel: NCCL connects the pair during its first transfer.
-ncclResult_t connect_channel(Link& ch) {
+// One-float transfer over a new two-rank channel: NCCL connects the pair during its first transfer, which
+// therefore happens here, before the first step, rather than inside it.
+void connect_channel(Link& ch) {
   void* one = nullptr;
-  if (cudaMallocAsync(&one, sizeof(float), ch.stream) != cudaSuccess) return ncclUnhandledCudaError;
-  (void)cudaMemsetAsync(one, 0, sizeof(float), ch.stream);
-  ncclResult_t res = ch.rank == 0 ? ncclSend(one, 1, ncclFloat, 1, ch.comm, ch.stream)
-                                  : ncclRecv(one, 1, ncclFloat, 0, ch.comm, ch.stream);
-  (void)cudaFreeAsync(one, ch.stream);
-  if (cudaStreamSynchronize(ch.stream) != cudaSuccess && res == ncclSuccess) res = ncclUnhandledCudaError;
-  return res;
+  CUDA_CHECK(cudaMallocAsync(&one, sizeof(float), ch.stream));
+  CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), ch.stream));
+  NCCL_CHECK(ch.rank == 0 ? ncclSend(one, 1, ncclFloat, 1, ch.comm, ch.stream)
+                          : ncclRecv(one, 1, ncclFloat, 0, ch.comm, ch.stream));
+  CUDA_CHECK(cudaFreeAsync(one, ch.stream));
+  CUDA_CHECK(cudaStreamSynchronize(ch.stream));
 }
 
-// Releases a link: destroyed when idle, aborted when an operation never finished (a failed job).
-void close_link(Link& l) {
-  if (l.ready && l.comm) {
+// Releases a link, never throwing: destroyed when idle, aborted when an operation never finished (a failed
+// job). ncclCommDestroy waits for the other members: callers release links in an order all ranks share.
+void close_link(Link& l) noexcept {
+  if (l.comm) {
     bool idle = !l.last || cudaEventQuery(l.last->done) == cudaSuccess;
     (void)(idle ? ncclCommDestroy(l.comm) : ncclCommAbort(l.comm));
     l.comm = nullptr;
@@ -112,18 +124,20 @@ void close_link(Link& l) {
   l.stream = nullptr;
 }
 
-class NcclCommunicator;
-
 class NcclHandle final : public CommHandle {
  public:
-  NcclHandle(std::shared_ptr<Op> op, std::shared_ptr<Link> link, NcclCommunicator* owner)
-      : op_(std::move(op)), link_(std::move(link)), owner_(owner) {}
-  bool test() override;
+  NcclHandle(std::shared_ptr<Op> op, std::shared_ptr<Link> link) : op_(std::move(op)), link_(std::move(link)) {}
+  bool test() override {
+    cudaError_t err = cudaEventQuery(op_->done);
+    if (err == cudaSuccess) return true;
+    if (err != cudaErrorNotReady) CUDA_CHECK(err);
+    check_async(link_->comm);
+    return false;
+  }
 
  private:
   std::shared_ptr<Op> op_;
   std::shared_ptr<Link> link_;
-  NcclCommunicator* owner_;
 };
 
 class DoneHandle final : public CommHandle {
@@ -133,44 +147,28 @@ class DoneHandle final : public CommHandle {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, MPI_Comm world, int device) : comm_(comm), device_(device) {
+  NcclCommunicator(MPI_Comm comm, MPI_Comm world, int device, bool collectives)
+      : comm_(comm), device_(device), pool_(std::make_shared<EventPool>(device)) {
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     to_local_ = world_to_comm_ranks(comm_, world);  // for point-to-point peers
-
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (!collectives) return;
     ncclUniqueId id{};
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, comm_));
     group_ = std::make_shared<Link>();
     group_->nranks = size_;
     group_->rank = rank_;
-    CUDA_CHECK(cudaSetDevice(device_));
+    group_->name = cat("group of ", size_, " ranks");
     CUDA_CHECK(cudaStreamCreateWithFlags(&group_->stream, cudaStreamNonBlocking));
     NCCL_CHECK(ncclCommInitRank(&group_->comm, size_, id, rank_));
-    group_->ready = true;
   }
 
   ~NcclCommunicator() override {
-    for (auto& entry : channels_) {
-      Link& ch = *entry.second;
-      if (ch.init.joinable()) {
-        if (ch.init_done.load(std::memory_order_acquire)) {
-          ch.init.join();
-          ch.ready = ch.init_result == ncclSuccess;
-        } else {
-          // The peer never joined (a failed job): the thread keeps the link, which is left to it.
-          ch.init.detach();
-          continue;
-        }
-      }
-      if (ch.id_recv != MPI_REQUEST_NULL) {
-        MPI_Cancel(&ch.id_recv);
-        MPI_Request_free(&ch.id_recv);
-      }
-      if (ch.id_send != MPI_REQUEST_NULL) MPI_Request_free(&ch.id_send);
-      close_link(ch);
-    }
-    close_link(*group_);
+    // channels in the order connect() made them (an order every rank shares), then the group's
+    for (auto& ch : order_) close_link(*ch);
+    if (group_) close_link(*group_);
     MPI_Comm_free(&comm_);
   }
 
@@ -181,7 +179,7 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return std::make_unique<DoneHandle>();
     std::lock_guard<std::mutex> lock(mu_);
     auto op = begin_collective(s);
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, group_->comm, group_->stream));  // buf(count)
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, group().comm, group().stream));  // buf(count)
     return end_collective(op);
   }
 
@@ -190,7 +188,7 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     auto op = begin_collective(s);
     // src(size·count) → dst(count)
-    NCCL_CHECK(ncclReduceScatter(src, dst, count, ncclFloat, ncclSum, group_->comm, group_->stream));
+    NCCL_CHECK(ncclReduceScatter(src, dst, count, ncclFloat, ncclSum, group().comm, group().stream));
     return end_collective(op);
   }
 
@@ -199,7 +197,7 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     auto op = begin_collective(s);
     const float* send = src ? src : dst + size_t(rank_) * count;  // in place: NCCL's own convention
-    NCCL_CHECK(ncclAllGather(send, dst, count, ncclFloat, group_->comm, group_->stream));  // dst(size·count)
+    NCCL_CHECK(ncclAllGather(send, dst, count, ncclFloat, group().comm, group().stream));  // dst(size·count)
     return end_collective(op);
   }
 
@@ -215,8 +213,8 @@ class NcclCommunicator final : public Communicator {
     auto* dst_counts = static_cast<int32_t*>(dst);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < size_; ++r) {
-      NCCL_CHECK(ncclSend(src_counts + size_t(r) * q, size_t(q), ncclInt32, r, group_->comm, group_->stream));
-      NCCL_CHECK(ncclRecv(dst_counts + size_t(r) * q, size_t(q), ncclInt32, r, group_->comm, group_->stream));
+      NCCL_CHECK(ncclSend(src_counts + size_t(r) * q, size_t(q), ncclInt32, r, group().comm, group().stream));
+      NCCL_CHECK(ncclRecv(dst_counts + size_t(r) * q, size_t(q), ncclInt32, r, group().comm, group().stream));
     }
     NCCL_CHECK(ncclGroupEnd());
     std::vector<int32_t> sent(static_cast<size_t>(parts)), got(static_cast<size_t>(parts));
@@ -251,10 +249,36 @@ class NcclCommunicator final : public Communicator {
     return post_transfer(false, buf, count, peer_world_rank, s);
   }
 
-  // Starts channels whose id arrived and enqueues the transfers of channels that became ready.
-  void progress() {
-    std::lock_guard<std::mutex> lock(mu_);
-    progress_locked();
+  // One two-rank NCCL channel per (peer, direction, stream), in the order given: the sender makes the id
+  // and hands it over MPI, both ends create the channel (which blocks until both take part) and connect it
+  // with a one-float transfer. A channel of one stream never queues behind another stream's transfers.
+  void connect(const std::vector<PeerChannel>& channels) override {
+    for (const PeerChannel& c : channels) {
+      const int peer = local_peer(c.peer);
+      auto key = std::make_tuple(peer, c.sending, c.stream);
+      PIPER_CHECK(!channels_.count(key), "the NCCL channel ", c.sending ? "to" : "from", " rank ", c.peer, " (",
+                  c.stream, ") is listed twice");
+      auto ch = std::make_shared<Link>();
+      ch->nranks = 2;
+      ch->rank = c.sending ? 0 : 1;
+      ch->name = cat(c.sending ? "to" : "from", " rank ", c.peer, " (", c.stream, ")");
+      ncclUniqueId id{};
+      if (c.sending) {
+        NCCL_CHECK(ncclGetUniqueId(&id));
+        MPI_CHECK(MPI_Send(&id, int(sizeof(id)), MPI_BYTE, peer, channel_tag(c.stream), comm_));
+      } else {
+        MPI_CHECK(MPI_Recv(&id, int(sizeof(id)), MPI_BYTE, peer, channel_tag(c.stream), comm_, MPI_STATUS_IGNORE));
+      }
+      CUDA_CHECK(cudaSetDevice(device_));
+      CUDA_CHECK(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
+      order_.push_back(ch);  // closed by the destructor even if what follows fails
+      ncclResult_t res = ncclCommInitRank(&ch->comm, 2, id, ch->rank);
+      if (res != ncclSuccess)
+        throw SystemError(cat("setting up the NCCL channel ", ch->name, " failed: ", ncclGetErrorString(res), " (",
+                              ncclGetLastError(nullptr), ")"));
+      connect_channel(*ch);
+      channels_[key] = ch;
+    }
   }
 
  private:
@@ -269,149 +293,81 @@ class NcclCommunicator final : public Communicator {
     return bound ? bound->stream() : nullptr;
   }
 
-  static std::shared_ptr<Op> new_op(StreamContext* s) {
+  std::shared_ptr<Op> new_op(StreamContext* s) {
     auto op = std::make_shared<Op>();
-    op->done = new_event();
+    op->pool = pool_;
+    op->done = pool_->take();
     if (cudaStream_t st = caller_stream(s)) {
-      op->ready = new_event();
+      op->ready = pool_->take();
       CUDA_CHECK(cudaEventRecord(op->ready, st));
     }
     return op;
   }
 
+  Link& group() {
+    PIPER_CHECK(group_, "collective on a communicator made for point-to-point transfers only");
+    return *group_;
+  }
+
   std::shared_ptr<Op> begin_collective(StreamContext* s) {
+    Link& g = group();
     auto op = new_op(s);
-    if (op->ready) CUDA_CHECK(cudaStreamWaitEvent(group_->stream, op->ready, 0));
+    if (op->ready) CUDA_CHECK(cudaStreamWaitEvent(g.stream, op->ready, 0));
     return op;
   }
 
   std::unique_ptr<CommHandle> end_collective(const std::shared_ptr<Op>& op) {
     CUDA_CHECK(cudaEventRecord(op->done, group_->stream));
-    op->enqueued.store(true, std::memory_order_release);
     group_->last = op;
-    return std::make_unique<NcclHandle>(op, group_, this);
+    return std::make_unique<NcclHandle>(op, group_);
   }
 
-  std::unique_ptr<CommHandle> post_transfer(bool sending, float* buf, size_t count, int peer_world_rank,
-                                            StreamContext* s) {
+  int local_peer(int peer_world_rank) const {
     PIPER_CHECK(peer_world_rank >= 0 && size_t(peer_world_rank) < to_local_.size(), "peer world rank ",
                 peer_world_rank, " out of range");
     const int peer = to_local_[size_t(peer_world_rank)];
     PIPER_CHECK(peer != MPI_UNDEFINED, "world rank ", peer_world_rank, " is not in this communicator");
     PIPER_CHECK(peer != rank_, "point-to-point transfer of rank ", rank_, " with itself");
+    return peer;
+  }
+
+  std::unique_ptr<CommHandle> post_transfer(bool sending, float* buf, size_t count, int peer_world_rank,
+                                            StreamContext* s) {
+    const int peer = local_peer(peer_world_rank);
     if (count == 0) return std::make_unique<DoneHandle>();
-    std::lock_guard<std::mutex> lock(mu_);
-    // One channel per executor stream as well: the compiler proves first-in first-out order per
-    // (sender, receiver, stream), and transfers of two streams must not queue behind each other.
     const auto* cs = dynamic_cast<const CudaStream*>(s);
-    std::shared_ptr<Link> ch = channel(peer, sending, cs ? cs->name() : std::string());
+    const std::string stream = cs ? cs->name() : std::string();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = channels_.find(std::make_tuple(peer, sending, stream));
+    PIPER_CHECK(it != channels_.end(), "no NCCL channel ", sending ? "to" : "from", " world rank ", peer_world_rank,
+                " on stream '", stream, "': every channel is set up before the first step (connect)");
+    Link& ch = *it->second;
     auto op = new_op(s);
-    op->send = sending;
-    op->buf = buf;
-    op->count = count;
-    ch->waiting.push_back(op);
-    progress_locked();
-    return std::make_unique<NcclHandle>(op, ch, this);
-  }
-
-  // The channel for transfers to (sending) or from `peer` on one stream; the sender makes the id and hands
-  // it over MPI, tagged by the stream's name so that the two ends of each channel find each other.
-  std::shared_ptr<Link> channel(int peer, bool sending, const std::string& stream) {
-    std::shared_ptr<Link>& ch = channels_[{peer, sending, stream}];
-    if (ch) return ch;
-    ch = std::make_shared<Link>();
-    ch->nranks = 2;
-    ch->rank = sending ? 0 : 1;
-    CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
-    if (sending) {
-      NCCL_CHECK(ncclGetUniqueId(&ch->id));
-      MPI_CHECK(MPI_Isend(&ch->id, int(sizeof(ch->id)), MPI_BYTE, peer, channel_tag(stream), comm_, &ch->id_send));
-      ch->id_known = true;
-      start_init(ch);
-    } else {
-      MPI_CHECK(MPI_Irecv(&ch->id, int(sizeof(ch->id)), MPI_BYTE, peer, channel_tag(stream), comm_, &ch->id_recv));
-    }
-    return ch;
-  }
-
-  // ncclCommInitRank and NCCL's connection setup (done by the first transfer) block until the peer takes
-  // part, so both happen on a thread of their own, with a one-float transfer; the executor keeps going.
-  void start_init(const std::shared_ptr<Link>& ch) {
-    const int device = device_;
-    ch->init = std::thread([ch, device] {
-      ncclResult_t res = ncclUnhandledCudaError;
-      if (cudaSetDevice(device) == cudaSuccess) res = ncclCommInitRank(&ch->comm, ch->nranks, ch->id, ch->rank);
-      if (res == ncclSuccess) res = connect_channel(*ch);
-      ch->init_result = res;
-      ch->init_done.store(true, std::memory_order_release);
-    });
-  }
-
-  void progress_locked() {
-    for (auto& entry : channels_) {
-      Link& ch = *entry.second;
-      if (ch.id_send != MPI_REQUEST_NULL) {
-        int sent = 0;
-        MPI_CHECK(MPI_Test(&ch.id_send, &sent, MPI_STATUS_IGNORE));
-      }
-      if (!ch.id_known) {
-        int arrived = 0;
-        MPI_CHECK(MPI_Test(&ch.id_recv, &arrived, MPI_STATUS_IGNORE));
-        if (!arrived) continue;
-        ch.id_known = true;
-        start_init(entry.second);
-      }
-      if (!ch.ready) {
-        if (!ch.init_done.load(std::memory_order_acquire)) continue;
-        if (ch.init.joinable()) ch.init.join();
-        if (ch.init_result != ncclSuccess)
-          throw SystemError(cat("setting up the NCCL channel ", ch.rank == 0 ? "to" : "from", " rank ",
-                                std::get<0>(entry.first), " (", std::get<2>(entry.first), ") failed: ",
-                                ncclGetErrorString(ch.init_result)));
-        ch.ready = true;
-      }
-      while (!ch.waiting.empty()) {
-        Op& op = *ch.waiting.front();
-        if (op.ready) CUDA_CHECK(cudaStreamWaitEvent(ch.stream, op.ready, 0));
-        const int peer = 1 - ch.rank;  // rank in the two-rank channel
-        if (op.send)
-          NCCL_CHECK(ncclSend(op.buf, op.count, ncclFloat, peer, ch.comm, ch.stream));
-        else
-          NCCL_CHECK(ncclRecv(op.buf, op.count, ncclFloat, peer, ch.comm, ch.stream));
-        CUDA_CHECK(cudaEventRecord(op.done, ch.stream));
-        op.enqueued.store(true, std::memory_order_release);
-        ch.last = ch.waiting.front();
-        ch.waiting.pop_front();
-      }
-    }
+    if (op->ready) CUDA_CHECK(cudaStreamWaitEvent(ch.stream, op->ready, 0));
+    if (sending)
+      NCCL_CHECK(ncclSend(buf, count, ncclFloat, 1 - ch.rank, ch.comm, ch.stream));
+    else
+      NCCL_CHECK(ncclRecv(buf, count, ncclFloat, 1 - ch.rank, ch.comm, ch.stream));
+    CUDA_CHECK(cudaEventRecord(op->done, ch.stream));
+    ch.last = op;
+    return std::make_unique<NcclHandle>(op, it->second);
   }
 
   MPI_Comm comm_;
   int device_ = 0;
   int size_ = 1, rank_ = 0;
   std::vector<int> to_local_;
-  std::shared_ptr<Link> group_;                                   // collectives
+  std::shared_ptr<EventPool> pool_;
+  std::shared_ptr<Link> group_;                                                      // collectives
   std::map<std::tuple<int, bool, std::string>, std::shared_ptr<Link>> channels_;  // (peer, sending, stream)
+  std::vector<std::shared_ptr<Link>> order_;                                         // channels as connected
   std::mutex mu_;
 };
 
-bool NcclHandle::test() {
-  if (!op_->enqueued.load(std::memory_order_acquire)) {
-    owner_->progress();
-    if (!op_->enqueued.load(std::memory_order_acquire)) return false;
-  }
-  cudaError_t err = cudaEventQuery(op_->done);
-  if (err == cudaSuccess) return true;
-  if (err != cudaErrorNotReady) CUDA_CHECK(err);
-  check_async(link_->comm);
-  return false;
-}
-
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, MPI_Comm world, int device) {
-  return std::make_unique<NcclCommunicator>(comm, world, device);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, MPI_Comm world, int device, bool collectives) {
+  return std::make_unique<NcclCommunicator>(comm, world, device, collectives);
 }
 
 }  // namespace piper

@@ -9,7 +9,8 @@
 
 namespace piper {
 
-// Collective over the members of `comm`, which it takes ownership of; `device` is this rank's GPU.
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, MPI_Comm world, int device);
+// Collective over the members of `comm`, which it takes ownership of; `device` is this rank's GPU. Without
+// `collectives` no NCCL communicator over all members is made (point-to-point channels only, by connect).
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, MPI_Comm world, int device, bool collectives);
 
 }  // namespace piper

@@ -1,0 +1,272 @@
+"""tools/gpu-check.sh without a GPU: its time bounds, its output folder and its preflight, on a stand-in bundle.
+
+The bundle has real ELF files linked against stand-in CUDA libraries (cudart, cuBLAS, NCCL built here with cc),
+a kernel-test binary that hangs, a stand-in piper (Python) and stand-ins for nvidia-smi and compute-sanitizer.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from common import ROOT, fail
+
+CHECK = os.path.join(ROOT, "tools", "gpu-check.sh")
+CONFIGS = ["quickstart", "qwen3-small", "qwen3-moe-small", "gpt2-124m"]
+
+LIB_C = r"""
+#ifdef __cplusplus
+extern "C"
+#endif
+int %s(int* v) { *v = %d; return 0; }
+"""
+
+# Links all three libraries and hangs, as a kernel test that never returns would.
+TESTS_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+int cudaRuntimeGetVersion(int*); int cublasGetVersion(int*); int ncclGetVersion(int*);
+#ifdef __cplusplus
+}
+#endif
+int main(void) {
+  int v;
+  cudaRuntimeGetVersion(&v); cublasGetVersion(&v); ncclGetVersion(&v);
+  printf("kernel tests: started\n");
+  fflush(stdout);
+  for (;;) pause();
+}
+"""
+
+# Writes metrics like piper's: the same losses on both backends, but 1% off on CUDA for the MoE config (its
+# comparison must fail), and it hangs for GPT-2 124M (the throughput step must time out).
+PIPER_PY = r"""#!/usr/bin/env python3
+import json, os, sys, time
+args = sys.argv[1:]
+if "--version" in args:
+    print("piper 0.0.0 (stand-in)")
+    sys.exit(0)
+opt = lambda name: args[args.index(name) + 1]
+config = os.path.basename(opt("--config"))[:-len(".toml")]
+steps = int(opt("--steps"))
+backend = "cuda" if 'job.backend="cuda"' in args else "cpu"
+print(f"backend {backend}: {config}", flush=True)
+if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+    print("piper: ranks share a GPU; their communication goes through host memory (MPI)", file=sys.stderr)
+if config == "gpt2-124m":
+    time.sleep(3600)
+if os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+    with open(opt("--metrics"), "w") as f:
+        for s in range(1, steps + 1):
+            loss = (5.5 - 0.01 * s) * (1.01 if config == "qwen3-moe-small" and backend == "cuda" else 1.0)
+            f.write(json.dumps({"step": s, "loss": loss, "tokens_per_s": 1000.0, "flops_per_s": 1e12}) + "\n")
+"""
+
+ENV_SH = """# Source this: the stand-in bundle's binaries and its CUDA libraries.
+B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export PATH="$B/bin:$PATH"
+export LD_LIBRARY_PATH="$B/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+"""
+
+NVIDIA_SMI_OK = "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-fake)'\n"
+NVIDIA_SMI_BROKEN = ("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                     "driver.\"\nexit 9\n")
+SANITIZER = "#!/bin/sh\necho '========= Device not supported'\nexit 1\n"
+
+
+def script(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+
+
+def compiler():
+    for cc in ("cc", "gcc", "clang", "c++", "g++"):
+        if shutil.which(cc):
+            return cc
+    fail("no C compiler (cc, gcc, clang, c++, g++) to build the stand-in libraries")
+
+
+def build_bundle(top):
+    b = os.path.join(top, "bundle")
+    for d in ("bin", "tools", "configs", "data", "cuda/lib", "src"):
+        os.makedirs(os.path.join(b, d))
+    shutil.copy(CHECK, os.path.join(b, "tools"))
+    for c in CONFIGS:
+        shutil.copy(os.path.join(ROOT, "configs", c + ".toml"), os.path.join(b, "configs"))
+    with open(os.path.join(b, "data", "fortunes.txt"), "w") as f:
+        f.write("A stand-in corpus.\n" * 10)
+    cc, lib = compiler(), os.path.join(b, "cuda", "lib")
+    for name, fn, version in (("libcudart.so.99", "cudaRuntimeGetVersion", 13000),
+                              ("libcublas.so.99", "cublasGetVersion", 130000),
+                              ("libnccl.so.99", "ncclGetVersion", 22105)):
+        src = os.path.join(b, "src", name + ".c")
+        with open(src, "w") as f:
+            f.write(LIB_C % (fn, version))
+        subprocess.run([cc, "-x", "c", "-shared", "-fPIC", "-o", os.path.join(lib, name), f"-Wl,-soname,{name}", src],
+                       check=True)
+    link = ["-L" + lib, "-Wl,--no-as-needed", "-l:libcudart.so.99", "-l:libcublas.so.99", "-l:libnccl.so.99"]
+    src = os.path.join(b, "src", "tests.c")
+    with open(src, "w") as f:
+        f.write(TESTS_C)
+    subprocess.run([cc, "-x", "c", src, "-x", "none", "-o", os.path.join(b, "bin", "piper_tests")] + link, check=True)
+    src = os.path.join(b, "src", "backend.c")
+    with open(src, "w") as f:
+        f.write("int piper_backend_stub(void) { return 0; }\n")
+    subprocess.run([cc, "-x", "c", "-shared", "-fPIC", "-o", os.path.join(b, "bin", "libpiper_cuda.so"), src,
+                    "-x", "none"] + link, check=True)
+    script(os.path.join(b, "bin", "piper"), PIPER_PY)
+    with open(os.path.join(b, "env.sh"), "w") as f:
+        f.write(ENV_SH)
+    fake = os.path.join(top, "fakebin")
+    os.makedirs(fake)
+    script(os.path.join(fake, "nvidia-smi"), NVIDIA_SMI_OK)
+    script(os.path.join(fake, "compute-sanitizer"), SANITIZER)
+    return b, fake
+
+
+def listing(d):
+    return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs)
+
+
+def run_check(bundle, fake, cwd, args, **env):
+    e = dict(os.environ)
+    e["PATH"] = fake + os.pathsep + e["PATH"]
+    for k in ("OUT", "TOTAL_S", "STEPS", "SANITIZE", "REFERENCE", "CONFIGS"):
+        e.pop(k, None)
+    e.update({k: str(v) for k, v in env.items()})
+    t0 = time.time()
+    p = subprocess.run([os.path.join(bundle, "tools", "gpu-check.sh")] + args, cwd=cwd, env=e,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    p.seconds = time.time() - t0
+    return p
+
+
+def summary(out):
+    path = os.path.join(out, "summary.txt")
+    if not os.path.exists(path):
+        fail(f"no summary in {out}: {os.listdir(out) if os.path.isdir(out) else 'no folder'}")
+    with open(path) as f:
+        return f.read()
+
+
+def expect(text, what, where):
+    if what not in text:
+        fail(f"{where}: expected {what!r} in:\n{text}")
+
+
+def leftovers(bundle):
+    """Processes still running a program of the bundle (the hung kernel tests, the stand-in piper)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if bundle + "/bin/" in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def main():
+    top = tempfile.mkdtemp(prefix="piper-gpu-check-")
+    bundle, fake = build_bundle(top)
+    cwd = os.path.join(top, "cwd")
+    os.makedirs(cwd)
+
+    # Bundle time: the CPU reference losses, with the same stand-in piper.
+    p = run_check(bundle, fake, cwd, ["--make-references", os.path.join(bundle, "reference"), "4"],
+                  PIPER=os.path.join(bundle, "bin", "piper"))
+    if p.returncode != 0:
+        fail(f"--make-references exited {p.returncode}:\n{p.stdout}")
+    for c in CONFIGS[:3]:
+        with open(os.path.join(bundle, "reference", c + ".jsonl")) as f:
+            if len(f.readlines()) != 4:
+                fail(f"reference/{c}.jsonl does not have 4 steps")
+    print(f"ok  references made at bundle time ({p.seconds:.1f} s)")
+
+    # The whole check: the kernel tests and the throughput run hang and must time out, the rest goes on.
+    before = listing(bundle)
+    out = os.path.join(top, "out")
+    total = 25
+    p = run_check(bundle, fake, cwd, ["--out", out], STEPS=4, TESTS_TIMEOUT_S=2, STEP_TIMEOUT_S=3, MIN_STEP_S=1,
+                  TOTAL_S=total, SANITIZE=1)
+    s = summary(out)
+    if p.returncode != 1:
+        fail(f"the check exited {p.returncode}, expected 1 (timeouts, a failed comparison):\n{p.stdout}")
+    if p.seconds > total + 6:
+        fail(f"the check took {p.seconds:.1f} s, past its deadline TOTAL_S={total} (+ the kill grace)")
+    for what in ("GPUs: 1 — GPU 0: NVIDIA H200", "NCCL 2.21.5", "preflight: passed",
+                 "kernels: TIMED OUT after 2 s", "throughput-gpt2-124m: TIMED OUT after 3 s",
+                 "train quickstart: cuda: max relative loss difference 0.00e+00 over 4 steps (tolerance 0.001): OK",
+                 "train qwen3-small: cuda: max relative loss difference 0.00e+00",
+                 "train qwen3-moe-small: cuda: max relative loss difference 1.00e-02 over 4 steps (tolerance 0.001): FAILED",
+                 "two ranks on one GPU: 4 steps through host memory; cuda-2on1: max relative loss difference 0.00e+00",
+                 "compute-sanitizer memcheck: unavailable", "compute-sanitizer racecheck: unavailable",
+                 "result: FAILED — 1 failed, 2 timed out, 0 skipped"):
+        expect(s, what, "summary")
+    logs = ["summary.txt", "steps.txt", "preflight.log", "nvidia-smi.txt", "ldd-piper_tests.txt",
+            "ldd-libpiper_cuda.so.txt", "cuda-tests.log", "two-ranks-one-gpu.log", "two-ranks-one-gpu.jsonl",
+            "throughput-gpt2-124m.log", "memcheck.log", "racecheck.log"]
+    for c in CONFIGS[:3]:
+        logs += [f"train-{c}-cuda.log", f"train-{c}-cuda.jsonl", f"compare-{c}.txt"]
+    missing = [f for f in logs if not os.path.isfile(os.path.join(out, f))]
+    if missing:
+        fail(f"not in the output folder: {missing}; it holds {listing(out)}")
+    expect(open(os.path.join(out, "cuda-tests.log")).read(), "kernel tests: started", "cuda-tests.log")
+    if listing(bundle) != before:
+        fail(f"the check wrote into the bundle: {sorted(set(listing(bundle)) - set(before))}")
+    if os.listdir(cwd):
+        fail(f"the check wrote into the current folder: {os.listdir(cwd)}")
+    left = leftovers(bundle)
+    if left:
+        fail("processes of timed-out steps still run:\n" + "\n".join(left))
+    print(f"ok  timed-out steps named, the rest ran, all logs in the output folder ({p.seconds:.1f} s)")
+
+    # The deadline: after the hung kernel tests less than MIN_STEP_S is left, and every later step is skipped.
+    out = os.path.join(top, "out-deadline")
+    p = run_check(bundle, fake, cwd, [], OUT=out, STEPS=4, TESTS_TIMEOUT_S=4, STEP_TIMEOUT_S=3, MIN_STEP_S=3,
+                  TOTAL_S=6)
+    s = summary(out)
+    if p.returncode != 1 or p.seconds > 6 + 6:
+        fail(f"with TOTAL_S=6 the check exited {p.returncode} after {p.seconds:.1f} s:\n{p.stdout}")
+    for what in ("kernels: TIMED OUT after", "train-quickstart-cuda: SKIPPED", "train-qwen3-moe-small-cuda: SKIPPED",
+                 "two-ranks-one-gpu: SKIPPED", "throughput-gpt2-124m: SKIPPED", "5 skipped"):
+        expect(s, what, "summary with TOTAL_S=6")
+    print(f"ok  steps past the deadline skipped and named ({p.seconds:.1f} s)")
+
+    # Preflight: a driver that nvidia-smi cannot reach.
+    script(os.path.join(fake, "nvidia-smi"), NVIDIA_SMI_BROKEN)
+    out = os.path.join(top, "out-no-driver")
+    p = run_check(bundle, fake, cwd, [], OUT=out)
+    s = summary(out)
+    if p.returncode != 2 or p.seconds > 5:
+        fail(f"without a driver the check exited {p.returncode} after {p.seconds:.1f} s (expected 2, seconds)")
+    expect(s, "preflight: MISSING nvidia-smi -L: exit 9 — NVIDIA-SMI has failed", "summary without a driver")
+    expect(s, "preflight: FAILED", "summary without a driver")
+    print(f"ok  preflight names nvidia-smi's failure, exit 2 ({p.seconds:.1f} s)")
+
+    # Preflight: NCCL not found by the dynamic loader.
+    script(os.path.join(fake, "nvidia-smi"), NVIDIA_SMI_OK)
+    os.remove(os.path.join(bundle, "cuda", "lib", "libnccl.so.99"))
+    out = os.path.join(top, "out-no-nccl")
+    p = run_check(bundle, fake, cwd, [], OUT=out)
+    s = summary(out)
+    if p.returncode != 2 or p.seconds > 5:
+        fail(f"without NCCL the check exited {p.returncode} after {p.seconds:.1f} s (expected 2, seconds)")
+    expect(s, "preflight: MISSING libnccl.so.99: not found by ldd (needed by piper_tests, libpiper_cuda.so", "summary")
+    if "cuda-tests.log" in os.listdir(out):
+        fail("the kernel tests ran although the preflight failed")
+    print(f"ok  preflight names the library ldd cannot find, exit 2 ({p.seconds:.1f} s)")
+    if os.environ.get("KEEP"):  # to look at the output folders
+        print(f"kept {top}")
+    else:
+        shutil.rmtree(top)
+
+
+if __name__ == "__main__":
+    main()
