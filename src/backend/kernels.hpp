@@ -13,6 +13,17 @@ struct AdamWArgs {
   int64_t step = 1;      // 1-based step for bias correction
 };
 
+// One product of a grouped linear call (Kernels::linear_*_grouped): the operands of the matching linear_* call,
+// without bias. forward: out = y(N,OC), a = x(N,C), b = w(OC,C). backward_input: out = dx(N,C), a = dy(N,OC),
+// b = w(OC,C). backward_weight: out = dw(OC,C), a = dy(N,OC), b = x(N,C).
+struct LinearGroup {
+  float* out = nullptr;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  int N = 0, C = 0, OC = 0;
+  bool accumulate = false;  // backward calls: add into out; forward always writes out
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -33,6 +44,28 @@ class Kernels {
   // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null.
   virtual void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
                                       bool accumulate) = 0;
+  // Many independent products in one call (the experts of a mixture of experts): the same as one
+  // linear_forward / linear_backward_input / linear_backward_weight call per group, in list order. Groups that
+  // write the same output name the same matrix and run in list order; other outputs do not overlap, and no group
+  // reads another's output. A backend may run each call as one grouped matmul; these defaults loop.
+  virtual void linear_forward_grouped(const LinearGroup* groups, int count) {
+    for (int i = 0; i < count; ++i) {
+      const LinearGroup& g = groups[i];
+      linear_forward(g.out, g.a, g.b, nullptr, g.N, g.C, g.OC);
+    }
+  }
+  virtual void linear_backward_input_grouped(const LinearGroup* groups, int count) {
+    for (int i = 0; i < count; ++i) {
+      const LinearGroup& g = groups[i];
+      linear_backward_input(g.out, g.a, g.b, g.N, g.C, g.OC, g.accumulate);
+    }
+  }
+  virtual void linear_backward_weight_grouped(const LinearGroup* groups, int count) {
+    for (int i = 0; i < count; ++i) {
+      const LinearGroup& g = groups[i];
+      linear_backward_weight(g.out, nullptr, g.a, g.b, g.N, g.C, g.OC, g.accumulate);
+    }
+  }
   // dpre(n) = dy(n) * dgelu(n), the derivative saved by linear_gelu_forward; dpre may alias dy.
   virtual void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) = 0;
 

@@ -22,6 +22,17 @@ std::string shape_key(const char* kernel, int N, int C, int OC) {
   return b;
 }
 
+// A grouped call counts as one call with the FLOPs of all its products, keyed by its first product's shape.
+double grouped_flops(const LinearGroup* groups, int count) {
+  double flops = 0;
+  for (int i = 0; i < count; ++i) flops += matmul_flops(groups[i].N, groups[i].C, groups[i].OC);
+  return flops;
+}
+
+std::string grouped_shape_key(const char* kernel, const LinearGroup* groups, int count) {
+  return count > 0 ? shape_key(kernel, groups[0].N, groups[0].C, groups[0].OC) : std::string();
+}
+
 }  // namespace
 
 void ProfilingKernels::reset() {
@@ -83,6 +94,21 @@ void ProfilingKernels::linear_backward_weight(float* dw, float* db, const float*
   std::string s = shape_key("linear_backward_weight", N, C, OC);
   timed("linear_backward_weight", [&] { k_.linear_backward_weight(dw, db, dy, x, N, C, OC, accumulate); },
         matmul_flops(N, C, OC), s.c_str());
+}
+void ProfilingKernels::linear_forward_grouped(const LinearGroup* groups, int count) {
+  std::string s = grouped_shape_key("linear_forward_grouped", groups, count);
+  timed("linear_forward_grouped", [&] { k_.linear_forward_grouped(groups, count); }, grouped_flops(groups, count),
+        s.empty() ? nullptr : s.c_str());
+}
+void ProfilingKernels::linear_backward_input_grouped(const LinearGroup* groups, int count) {
+  std::string s = grouped_shape_key("linear_backward_input_grouped", groups, count);
+  timed("linear_backward_input_grouped", [&] { k_.linear_backward_input_grouped(groups, count); },
+        grouped_flops(groups, count), s.empty() ? nullptr : s.c_str());
+}
+void ProfilingKernels::linear_backward_weight_grouped(const LinearGroup* groups, int count) {
+  std::string s = grouped_shape_key("linear_backward_weight_grouped", groups, count);
+  timed("linear_backward_weight_grouped", [&] { k_.linear_backward_weight_grouped(groups, count); },
+        grouped_flops(groups, count), s.empty() ? nullptr : s.c_str());
 }
 void ProfilingKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
   timed("gelu_backward", [&] { k_.gelu_backward(dpre, dy, dgelu, n); });

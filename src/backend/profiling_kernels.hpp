@@ -42,6 +42,9 @@ class ProfilingKernels : public Kernels {
                              bool accumulate) override;
   void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
                               bool accumulate) override;
+  void linear_forward_grouped(const LinearGroup* groups, int count) override;
+  void linear_backward_input_grouped(const LinearGroup* groups, int count) override;
+  void linear_backward_weight_grouped(const LinearGroup* groups, int count) override;
   void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) override;
   void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override;

@@ -1,5 +1,5 @@
 // CUDA backend against the CPU backend: every CudaKernels primitive on random inputs must match CpuKernels,
-// plus streams and a one-rank NCCL communicator. Without a GPU each test passes with a "skipped" warning.
+// plus streams and a one-rank communicator. Without a GPU each test passes with a "skipped" warning.
 #ifdef PIPER_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -186,6 +186,82 @@ TEST_CASE("cuda: linear layers match the CPU", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda: grouped linear matmuls match the CPU", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(14);
+  // experts of different row counts (one empty, one of a single row) over two widths, as the experts of a
+  // mixture of experts: gate/up (C → DE) and down (DE → C)
+  const int C = 96, DE = 40;
+  const std::vector<int> counts = {37, 0, 1, 250, 64, 5};
+  const int groups = int(counts.size());
+  int rows = 0;
+  for (int n : counts) rows += n;
+  auto x = uniform(gen, size_t(rows) * C), dy = uniform(gen, size_t(rows) * DE);
+  std::vector<std::vector<float>> w;
+  for (int e = 0; e < groups; ++e) w.push_back(uniform(gen, size_t(DE) * C));  // (DE,C) per expert
+  auto gx = to_device(*be, x), gdy = to_device(*be, dy);
+  std::vector<DeviceArray> gw;
+  for (auto& m : w) gw.push_back(to_device(*be, m));
+
+  {  // y(n,DE) = x(n,C) · w^T per expert
+    std::vector<float> want(size_t(rows) * DE, 0.f);
+    DeviceArray y(*be, sizeof(float) * want.size());
+    std::vector<LinearGroup> on_gpu, on_cpu;
+    for (int e = 0, at = 0; e < groups; at += counts[size_t(e)], ++e) {
+      on_gpu.push_back({y.f() + size_t(at) * DE, gx.f() + size_t(at) * C, gw[size_t(e)].f(), counts[size_t(e)], C, DE});
+      on_cpu.push_back({want.data() + size_t(at) * DE, x.data() + size_t(at) * C, w[size_t(e)].data(),
+                        counts[size_t(e)], C, DE});
+    }
+    g.linear_forward_grouped(on_gpu.data(), groups);
+    c.linear_forward_grouped(on_cpu.data(), groups);
+    check_close(to_host<float>(*be, y, want.size()), want, 1e-4, "linear_forward_grouped");
+  }
+  {  // dx(n,C) = dy(n,DE) · w, then the same again added: two products into each output, in list order
+    auto prior = uniform(gen, size_t(rows) * C);
+    std::vector<float> want = prior;
+    auto dx = to_device(*be, prior);
+    std::vector<LinearGroup> on_gpu, on_cpu;
+    for (bool add : {false, true})
+      for (int e = 0, at = 0; e < groups; at += counts[size_t(e)], ++e) {
+        const int other = (e + 1) % groups;  // the added product uses another expert's weight
+        const int we = add ? other : e;
+        on_gpu.push_back({dx.f() + size_t(at) * C, gdy.f() + size_t(at) * DE, gw[size_t(we)].f(), counts[size_t(e)],
+                          C, DE, add});
+        on_cpu.push_back({want.data() + size_t(at) * C, dy.data() + size_t(at) * DE, w[size_t(we)].data(),
+                          counts[size_t(e)], C, DE, add});
+      }
+    g.linear_backward_input_grouped(on_gpu.data(), int(on_gpu.size()));
+    c.linear_backward_input_grouped(on_cpu.data(), int(on_cpu.size()));
+    check_close(to_host<float>(*be, dx, want.size()), want, 1e-4, "linear_backward_input_grouped");
+  }
+  for (bool acc : {false, true}) {  // dw(DE,C) (+)= dy^T · x per expert; expert 3 also gets expert 0's rows
+    std::vector<std::vector<float>> want;
+    std::vector<DeviceArray> dw;
+    for (int e = 0; e < groups; ++e) {
+      want.push_back(uniform(gen, size_t(DE) * C));
+      dw.push_back(to_device(*be, want.back()));
+    }
+    std::vector<LinearGroup> on_gpu, on_cpu;
+    for (int e = 0, at = 0; e < groups; at += counts[size_t(e)], ++e) {
+      on_gpu.push_back({dw[size_t(e)].f(), gdy.f() + size_t(at) * DE, gx.f() + size_t(at) * C, counts[size_t(e)], C,
+                        DE, acc});
+      on_cpu.push_back({want[size_t(e)].data(), dy.data() + size_t(at) * DE, x.data() + size_t(at) * C,
+                        counts[size_t(e)], C, DE, acc});
+    }
+    on_gpu.push_back({dw[3].f(), gdy.f(), gx.f(), counts[0], C, DE, true});
+    on_cpu.push_back({want[3].data(), dy.data(), x.data(), counts[0], C, DE, true});
+    g.linear_backward_weight_grouped(on_gpu.data(), int(on_gpu.size()));
+    c.linear_backward_weight_grouped(on_cpu.data(), int(on_cpu.size()));
+    for (int e = 0; e < groups; ++e)
+      check_close(to_host<float>(*be, dw[size_t(e)], want[size_t(e)].size()), want[size_t(e)], 1e-4,
+                  std::string("linear_backward_weight_grouped ") + (acc ? "accumulate " : "") + "expert " +
+                      std::to_string(e) + " n=" + std::to_string(counts[size_t(e)]));
+  }
+}
+
 TEST_CASE("cuda: layernorm matches the CPU", "[cuda]") {
   SKIP_WITHOUT_GPU();
   auto be = make_backend("cuda", 1, 0);
@@ -232,22 +308,30 @@ TEST_CASE("cuda: causal attention matches the CPU", "[cuda]") {
   Kernels& g = be->kernels();
   CpuKernels c(2);
   std::mt19937 gen(3);
-  const int B = 2, T = 33, C = 48, NH = 4;
-  auto qkv = uniform(gen, size_t(B) * T * 3 * C, -2.f, 2.f), dy = uniform(gen, size_t(B) * T * C);
-  auto gqkv = to_device(*be, qkv), gdy = to_device(*be, dy);
-  DeviceArray y(*be, sizeof(float) * B * T * C), att(*be, sizeof(float) * B * NH * T * T);
-  std::vector<float> want_y(size_t(B) * T * C), want_att(size_t(B) * NH * T * T);
-  g.attention_forward(y.f(), att.f(), gqkv.f(), B, T, C, NH);
-  c.attention_forward(want_y.data(), want_att.data(), qkv.data(), B, T, C, NH);
-  check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-3, "attention_forward y");
-  check_close(to_host<float>(*be, att, want_att.size()), want_att, 1e-3, "attention_forward att");
+  struct Shape { int B, T, C, NH; };
+  for (Shape s : {Shape{2, 33, 48, 4}, Shape{4, 64, 64, 2}, Shape{3, 7, 24, 3}}) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    std::string shape = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                        " NH=" + std::to_string(NH);
+    auto qkv = uniform(gen, size_t(B) * T * 3 * C, -2.f, 2.f), dy = uniform(gen, size_t(B) * T * C);
+    auto gqkv = to_device(*be, qkv), gdy = to_device(*be, dy);
+    DeviceArray y(*be, sizeof(float) * B * T * C), att(*be, sizeof(float) * B * NH * T * T);
+    std::vector<float> want_y(size_t(B) * T * C), want_att(size_t(B) * NH * T * T);
+    g.attention_forward(y.f(), att.f(), gqkv.f(), B, T, C, NH);
+    c.attention_forward(want_y.data(), want_att.data(), qkv.data(), B, T, C, NH);
+    check_close(to_host<float>(*be, y, want_y.size()), want_y, 1e-3, "attention_forward y " + shape);
+    check_close(to_host<float>(*be, att, want_att.size()), want_att, 1e-3, "attention_forward att " + shape);
 
-  DeviceArray dqkv(*be, sizeof(float) * qkv.size());
-  DeviceArray scratch(*be, sizeof(float) * be->kernels().attention_scratch_floats(B, T, C, NH));
-  std::vector<float> want_dqkv(qkv.size()), cpu_scratch(c.attention_scratch_floats(B, T, C, NH));
-  g.attention_backward(dqkv.f(), gdy.f(), gqkv.f(), att.f(), scratch.f(), B, T, C, NH);
-  c.attention_backward(want_dqkv.data(), dy.data(), qkv.data(), want_att.data(), cpu_scratch.data(), B, T, C, NH);
-  check_close(to_host<float>(*be, dqkv, want_dqkv.size()), want_dqkv, 1e-3, "attention_backward dqkv");
+    // the scratch holds one sample's (NH,T,T), whatever B
+    const size_t scratch_floats = be->kernels().attention_scratch_floats(B, T, C, NH);
+    CHECK(scratch_floats == size_t(NH) * T * T);
+    DeviceArray dqkv(*be, sizeof(float) * qkv.size());
+    DeviceArray scratch(*be, sizeof(float) * scratch_floats);
+    std::vector<float> want_dqkv(qkv.size()), cpu_scratch(c.attention_scratch_floats(B, T, C, NH));
+    g.attention_backward(dqkv.f(), gdy.f(), gqkv.f(), att.f(), scratch.f(), B, T, C, NH);
+    c.attention_backward(want_dqkv.data(), dy.data(), qkv.data(), want_att.data(), cpu_scratch.data(), B, T, C, NH);
+    check_close(to_host<float>(*be, dqkv, want_dqkv.size()), want_dqkv, 1e-3, "attention_backward dqkv " + shape);
+  }
 }
 
 TEST_CASE("cuda: embedding matches the CPU and is deterministic", "[cuda]") {
@@ -281,6 +365,41 @@ TEST_CASE("cuda: embedding matches the CPU and is deterministic", "[cuda]") {
       g.embedding_backward(again.f(), dwpe.f(), gdx.f(), gtok.i(), B, T, C, V, acc_wte, acc_wpe);
       CHECK(to_host<float>(*be, again, want_wte.size()) == got_wte);
     }
+  }
+}
+
+TEST_CASE("cuda: embedding backward over a large vocabulary matches the CPU and is deterministic", "[cuda]") {
+  SKIP_WITHOUT_GPU();
+  auto be = make_backend("cuda", 1, 0);
+  Kernels& g = be->kernels();
+  CpuKernels c(2);
+  std::mt19937 gen(13);
+  // vocabulary far larger than the tokens; a few hot tokens repeat hundreds of times, one over a thousand,
+  // next to tokens seen once, the first and the last token id; C not a multiple of the column tile
+  const int B = 4, T = 512, C = 200, V = 151936;
+  const size_t N = size_t(B) * T;
+  auto tok = tokens(gen, N, V);
+  std::uniform_int_distribution<int> hot(0, 7);
+  for (size_t i = 0; i < N; ++i) {
+    if (i % 2 == 0) tok[i] = 11;
+    else if (i % 5 == 1) tok[i] = 1000 + hot(gen);
+  }
+  tok[3] = 0;
+  tok[N - 2] = V - 1;
+  auto dx = uniform(gen, N * C), prior_wte = uniform(gen, size_t(V) * C), prior_wpe = uniform(gen, size_t(T) * C);
+  auto gtok = to_device(*be, tok), gdx = to_device(*be, dx);
+  for (bool acc_wte : {false, true}) {
+    const std::string what = std::string("embedding_backward dwte V=151936 ") + (acc_wte ? "accumulate" : "write");
+    auto dwte = to_device(*be, prior_wte), dwpe = to_device(*be, prior_wpe);
+    std::vector<float> want_wte = prior_wte, want_wpe = prior_wpe;
+    g.embedding_backward(dwte.f(), dwpe.f(), gdx.f(), gtok.i(), B, T, C, V, acc_wte, true);
+    c.embedding_backward(want_wte.data(), want_wpe.data(), dx.data(), tok.data(), B, T, C, V, acc_wte, true);
+    auto got_wte = to_host<float>(*be, dwte, want_wte.size());
+    check_close(got_wte, want_wte, 1e-6, what);  // the same additions in the same order as the CPU
+    check_close(to_host<float>(*be, dwpe, want_wpe.size()), want_wpe, 1e-5, "embedding_backward dwpe V=151936");
+    auto again = to_device(*be, prior_wte);
+    g.embedding_backward(again.f(), dwpe.f(), gdx.f(), gtok.i(), B, T, C, V, acc_wte, true);
+    CHECK(to_host<float>(*be, again, want_wte.size()) == got_wte);
   }
 }
 
@@ -409,7 +528,8 @@ TEST_CASE("cuda: rope matches the CPU, forward and inverse", "[cuda]") {
   CpuKernels c(2);
   std::mt19937 gen(8);
   struct Shape { int B, T, H, D; float theta; };
-  for (Shape s : {Shape{2, 70, 4, 64, 10000.f}, Shape{1, 4096, 2, 128, 1e6f}, Shape{3, 5, 1, 6, 500.f}}) {
+  for (Shape s : {Shape{2, 70, 4, 64, 10000.f}, Shape{1, 4096, 2, 128, 1e6f}, Shape{3, 5, 1, 6, 500.f},
+                  Shape{4, 1000, 3, 128, 1e6f}}) {
     std::string shape = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
                         " D=" + std::to_string(s.D);
     auto x = uniform(gen, size_t(s.B) * s.T * s.H * s.D);
@@ -452,7 +572,7 @@ TEST_CASE("cuda: token embedding matches the CPU and is deterministic", "[cuda]"
   Kernels& g = be->kernels();
   CpuKernels c(2);
   std::mt19937 gen(10);
-  for (auto [N, C, V] : {std::tuple{60, 40, 300}, std::tuple{1000, 96, 5000}}) {
+  for (auto [N, C, V] : {std::tuple{60, 40, 300}, std::tuple{1000, 96, 5000}, std::tuple{4096, 130, 100000}}) {
     std::string shape = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " V=" + std::to_string(V);
     auto tok = tokens(gen, size_t(N), V);
     for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 7;  // a frequent token: many rows scatter into one
@@ -526,7 +646,7 @@ TEST_CASE("cuda: grouped-query attention matches the CPU and is deterministic", 
   }
 }
 
-TEST_CASE("cuda: streams and a one-rank NCCL communicator", "[cuda]") {
+TEST_CASE("cuda: streams and a one-rank communicator (device copies, no NCCL)", "[cuda]") {
   SKIP_WITHOUT_GPU();
   auto be = make_backend("cuda", 1, 0);
   Kernels& g = be->kernels();

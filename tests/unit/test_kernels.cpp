@@ -146,6 +146,50 @@ TEST_CASE("linear backward matches finite differences, accumulate adds and overw
   }
 }
 
+TEST_CASE("grouped linear calls give the bits of their groups' calls one by one, in list order", "[kernels]") {
+  CpuKernels k(2);
+  Rand rng(22);
+  const int C = 9, OC = 6;
+  const int rows[] = {4, 0, 7};  // one group without rows
+  auto x = rng.normal(11 * C), dy = rng.normal(11 * OC);
+  std::vector<std::vector<float>> w = {rng.normal(OC * C), rng.normal(OC * C), rng.normal(OC * C)};
+
+  std::vector<float> y(11 * OC, 5.f), want_y(11 * OC, 5.f);
+  std::vector<LinearGroup> fwd;
+  for (int g = 0, at = 0; g < 3; at += rows[g], ++g) {
+    fwd.push_back({y.data() + at * OC, x.data() + at * C, w[size_t(g)].data(), rows[g], C, OC});
+    k.linear_forward(want_y.data() + at * OC, x.data() + at * C, w[size_t(g)].data(), nullptr, rows[g], C, OC);
+  }
+  k.linear_forward_grouped(fwd.data(), int(fwd.size()));
+  CHECK(bitwise_equal(y, want_y));
+
+  // dx: each group's product, then a second product added into the same output
+  std::vector<float> dx(11 * C, 3.f), want_dx(11 * C, 3.f);
+  std::vector<LinearGroup> bwd;
+  for (bool add : {false, true})
+    for (int g = 0, at = 0; g < 3; at += rows[g], ++g) {
+      const float* wg = w[size_t(add ? (g + 1) % 3 : g)].data();
+      bwd.push_back({dx.data() + at * C, dy.data() + at * OC, wg, rows[g], C, OC, add});
+      k.linear_backward_input(want_dx.data() + at * C, dy.data() + at * OC, wg, rows[g], C, OC, add);
+    }
+  k.linear_backward_input_grouped(bwd.data(), int(bwd.size()));
+  CHECK(bitwise_equal(dx, want_dx));
+
+  // dw: written by the first group into it, added by the second; the group without rows zeroes its dw
+  std::vector<std::vector<float>> dw(3, std::vector<float>(OC * C, 2.f)), want_dw = dw;
+  std::vector<LinearGroup> wgt;
+  for (int g = 0, at = 0; g < 3; at += rows[g], ++g) {
+    wgt.push_back({dw[size_t(g)].data(), dy.data() + at * OC, x.data() + at * C, rows[g], C, OC, false});
+    k.linear_backward_weight(want_dw[size_t(g)].data(), nullptr, dy.data() + at * OC, x.data() + at * C, rows[g], C,
+                             OC, false);
+  }
+  wgt.push_back({dw[2].data(), dy.data(), x.data(), rows[0], C, OC, true});
+  k.linear_backward_weight(want_dw[2].data(), nullptr, dy.data(), x.data(), rows[0], C, OC, true);
+  k.linear_backward_weight_grouped(wgt.data(), int(wgt.size()));
+  for (int g = 0; g < 3; ++g) CHECK(bitwise_equal(dw[size_t(g)], want_dw[size_t(g)]));
+  CHECK(std::all_of(dw[1].begin(), dw[1].end(), [](float v) { return v == 0.f; }));
+}
+
 TEST_CASE("the saved GELU derivative matches the analytic one and finite differences, and gelu_backward applies it",
           "[kernels]") {
   for (int threads : {1, 2}) {

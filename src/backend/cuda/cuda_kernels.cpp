@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <vector>
 
 #include "backend/cuda/cuda_launch.hpp"
 
@@ -31,6 +33,83 @@ void gemm_batched(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, in
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_32F, ldb, stride_b,
                                           A, CUDA_R_32F, lda, stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// One row-major product C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a grouped gemm; K = 0 is C = beta · C,
+// which only beta = 0 (C = 0, contiguous) or 1 (nothing) may ask for.
+struct GemmProblem {
+  bool trans_a, trans_b;
+  int M, N, K;
+  const float *A, *B;
+  int lda, ldb;
+  float* C;
+  int ldc;
+  float beta;
+};
+
+// The problems as few cublasGemmGroupedBatchedEx calls as list order allows: a problem whose output an earlier
+// problem writes goes to a later call (round r holds the r-th product into each output), so products into one
+// output run in list order and each call's outputs are distinct. fp32 with CUBLAS_COMPUTE_32F (no TF32).
+void gemm_grouped(CudaStream& stream, const std::vector<GemmProblem>& problems) {
+  const size_t count = problems.size();
+  const int n = int(count);
+  if (n == 0) return;
+  std::vector<int> round(count);
+  std::map<const float*, int> products;  // output → products seen so far
+  int rounds = 0;
+  for (int i = 0; i < n; ++i) {
+    round[size_t(i)] = products[problems[size_t(i)].C]++;
+    rounds = std::max(rounds, round[size_t(i)] + 1);
+  }
+  // Problems by round, and their device pointer arrays: A, B, C of every problem, in that order.
+  std::vector<int> order(count);
+  for (int i = 0; i < n; ++i) order[size_t(i)] = i;
+  // by round; in a round (distinct outputs, any order) the empty products (K = 0) last
+  auto key = [&](int i) { return std::pair<int, bool>(round[size_t(i)], problems[size_t(i)].K <= 0); };
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return key(x) < key(y); });
+  std::vector<void*> pointers(3 * count);  // (3,n): A, B, C; cuBLAS's view swaps A and B
+  for (int j = 0; j < n; ++j) {
+    const GemmProblem& p = problems[size_t(order[size_t(j)])];
+    pointers[size_t(j)] = const_cast<float*>(p.B);
+    pointers[size_t(n + j)] = const_cast<float*>(p.A);
+    pointers[size_t(2 * n + j)] = p.C;
+  }
+  // The copy from pageable memory is staged before it returns, so `pointers` may go out of scope.
+  auto** device_pointers = static_cast<void**>(stream.workspace(sizeof(void*) * pointers.size()));
+  CUDA_CHECK(cudaMemcpyAsync(device_pointers, pointers.data(), sizeof(void*) * pointers.size(),
+                             cudaMemcpyHostToDevice, stream.stream()));
+  std::vector<cublasOperation_t> op_a(count), op_b(count);
+  std::vector<int> m(count), nn(count), k(count), lda(count), ldb(count), ldc(count), size(count, 1);
+  std::vector<float> alpha(count, 1.f), beta(count);
+  for (int j = 0; j < n; ++j) {  // row-major C is column-major C^T = op(B)^T · op(A)^T (as in gemm)
+    const GemmProblem& p = problems[size_t(order[size_t(j)])];
+    op_a[size_t(j)] = op(p.trans_b);
+    op_b[size_t(j)] = op(p.trans_a);
+    m[size_t(j)] = p.N;
+    nn[size_t(j)] = p.M;
+    k[size_t(j)] = p.K;
+    lda[size_t(j)] = p.ldb;
+    ldb[size_t(j)] = p.lda;
+    ldc[size_t(j)] = p.ldc;
+    beta[size_t(j)] = p.beta;
+  }
+  for (int r = 0, first = 0; r < rounds; ++r) {
+    int last = first, empty = first;  // round r: [first, empty) products, [empty, last) empty ones
+    while (last < n && round[size_t(order[size_t(last)])] == r) ++last;
+    while (empty < last && problems[size_t(order[size_t(empty)])].K > 0) ++empty;
+    for (int j = empty; j < last; ++j) {
+      const GemmProblem& p = problems[size_t(order[size_t(j)])];
+      if (p.beta == 0.f) CUDA_CHECK(cudaMemsetAsync(p.C, 0, sizeof(float) * size_t(p.M) * p.N, stream.stream()));
+    }
+    if (empty > first)
+      CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+          stream.blas(), op_a.data() + first, op_b.data() + first, m.data() + first, nn.data() + first,
+          k.data() + first, alpha.data() + first, device_pointers + first, CUDA_R_32F, lda.data() + first,
+          device_pointers + n + first, CUDA_R_32F, ldb.data() + first, beta.data() + first,
+          device_pointers + 2 * n + first, CUDA_R_32F, ldc.data() + first, empty - first, size.data() + first,
+          CUBLAS_COMPUTE_32F));
+    first = last;
+  }
 }
 
 }  // namespace
@@ -70,6 +149,42 @@ void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, 
   if (!db) return;
   auto* partial = static_cast<float*>(t.stream.workspace(sizeof(float) * size_t(cuda::column_chunks(N)) * OC));
   cuda::column_sums(db, dy, N, OC, accumulate, partial, t.stream.stream());  // db(OC) (+)= Σ_rows dy
+}
+
+void CudaKernels::linear_forward_grouped(const LinearGroup* groups, int count) {
+  Target t = target();
+  std::vector<GemmProblem> problems;
+  for (int i = 0; i < count; ++i) {
+    const LinearGroup& g = groups[i];
+    if (g.N <= 0 || g.OC <= 0) continue;
+    // y(N,OC) = x(N,C) · w(OC,C)^T
+    problems.push_back({false, true, g.N, g.OC, g.C, g.a, g.b, g.C, g.C, g.out, g.OC, 0.f});
+  }
+  gemm_grouped(t.stream, problems);
+}
+
+void CudaKernels::linear_backward_input_grouped(const LinearGroup* groups, int count) {
+  Target t = target();
+  std::vector<GemmProblem> problems;
+  for (int i = 0; i < count; ++i) {
+    const LinearGroup& g = groups[i];
+    if (g.N <= 0 || g.C <= 0) continue;
+    // dx(N,C) (+)= dy(N,OC) · w(OC,C)
+    problems.push_back({false, false, g.N, g.C, g.OC, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f});
+  }
+  gemm_grouped(t.stream, problems);
+}
+
+void CudaKernels::linear_backward_weight_grouped(const LinearGroup* groups, int count) {
+  Target t = target();
+  std::vector<GemmProblem> problems;
+  for (int i = 0; i < count; ++i) {
+    const LinearGroup& g = groups[i];
+    if (g.OC <= 0 || g.C <= 0) continue;
+    // dw(OC,C) (+)= dy(N,OC)^T · x(N,C)
+    problems.push_back({true, false, g.OC, g.C, g.N, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f});
+  }
+  gemm_grouped(t.stream, problems);
 }
 
 void CudaKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
@@ -119,8 +234,8 @@ void CudaKernels::attention_forward(float* y, float* att, const float* qkv, int 
   }
 }
 
-size_t CudaKernels::attention_scratch_floats(int B, int T, int, int NH) const {
-  return size_t(B) * NH * T * T;  // dP, then dS, for every (sample, head)
+size_t CudaKernels::attention_scratch_floats(int, int T, int, int NH) const {
+  return size_t(NH) * T * T;  // dP, then dS, of one sample's heads; samples take turns
 }
 
 void CudaKernels::attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
@@ -131,24 +246,22 @@ void CudaKernels::attention_backward(float* dqkv, const float* dy, const float* 
   const float scale = 1.0f / std::sqrt(float(hd));
   const int C3 = 3 * C;
   const long long TT = (long long)T * T;
+  // One sample at a time, batched over heads; the stream orders each sample's use of the scratch after the last.
+  float* dP = scratch;  // (NH,T,T): dP, then dS in place
   for (int b = 0; b < B; ++b) {
-    const float* v = qkv + (long long)b * T * C3 + 2 * C;
-    const float* P = att + (long long)b * NH * TT;      // (NH,T,T)
-    const float* dY = dy + (long long)b * T * C;        // (T,C)
-    float* dP = scratch + (long long)b * NH * TT;       // (NH,T,T)
-    float* dv = dqkv + (long long)b * T * C3 + 2 * C;  // (T,hd) per head, row stride 3C
-    gemm_batched(h, false, true, T, T, hd, 1.f, dY, C, hd, v, C3, hd, 0.f, dP, T, TT, NH);    // dP = dY · v^T
-    gemm_batched(h, true, false, T, hd, T, 1.f, P, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);    // dv = P^T · dY
-  }
-  cuda::causal_softmax_backward(scratch, att, (int64_t)B * NH * T, T, t.stream.stream());  // dS in place of dP
-  for (int b = 0; b < B; ++b) {
-    const float* q = qkv + (long long)b * T * C3;
+    const float* q = qkv + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
     const float* k = q + C;
-    const float* dS = scratch + (long long)b * NH * TT;
-    float* dq = dqkv + (long long)b * T * C3;
+    const float* v = q + 2 * C;
+    const float* P = att + (long long)b * NH * TT;  // (NH,T,T)
+    const float* dY = dy + (long long)b * T * C;    // (T,C)
+    float* dq = dqkv + (long long)b * T * C3;       // (T,hd) per head, row stride 3C
     float* dk = dq + C;
-    gemm_batched(h, false, false, T, hd, T, scale, dS, T, TT, k, C3, hd, 0.f, dq, C3, hd, NH);  // dq = dS · k
-    gemm_batched(h, true, false, T, hd, T, scale, dS, T, TT, q, C3, hd, 0.f, dk, C3, hd, NH);   // dk = dS^T · q
+    float* dv = dq + 2 * C;
+    gemm_batched(h, false, true, T, T, hd, 1.f, dY, C, hd, v, C3, hd, 0.f, dP, T, TT, NH);     // dP = dY · v^T
+    gemm_batched(h, true, false, T, hd, T, 1.f, P, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);     // dv = P^T · dY
+    cuda::causal_softmax_backward(dP, P, (int64_t)NH * T, T, t.stream.stream());               // dS in place of dP
+    gemm_batched(h, false, false, T, hd, T, scale, dP, T, TT, k, C3, hd, 0.f, dq, C3, hd, NH);  // dq = dS · k
+    gemm_batched(h, true, false, T, hd, T, scale, dP, T, TT, q, C3, hd, 0.f, dk, C3, hd, NH);   // dk = dS^T · q
   }
 }
 
@@ -161,7 +274,8 @@ void CudaKernels::embedding_forward(float* x, const int32_t* tok, const float* w
 void CudaKernels::embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T,
                                      int C, int V, bool accumulate_wte, bool accumulate_wpe) {
   Target t = target();
-  cuda::embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe, t.stream.stream());
+  void* sort = t.stream.workspace(std::max<size_t>(1, cuda::token_embedding_backward_workspace_bytes(B * T)));
+  cuda::embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe, sort, t.stream.stream());
 }
 
 void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
@@ -184,7 +298,9 @@ void CudaKernels::rmsnorm_backward_weight(float* dw, const float* dy, const floa
 
 void CudaKernels::rope(float* x, int B, int T, int H, int D, float theta, bool inverse) {
   Target t = target();
-  cuda::rope(x, B, T, H, D, theta, inverse, t.stream.stream());
+  const size_t table_floats = std::max<size_t>(1, cuda::rope_table_floats(T, D));  // cos, sin (T,D/2) each
+  auto* table = static_cast<float*>(t.stream.workspace(sizeof(float) * table_floats));
+  cuda::rope(x, B, T, H, D, theta, inverse, table, t.stream.stream());
 }
 
 void CudaKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
@@ -222,7 +338,8 @@ void CudaKernels::token_embedding_forward(float* x, const int32_t* tok, const fl
 void CudaKernels::token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
                                            bool accumulate) {
   Target t = target();
-  cuda::token_embedding_backward(dw, dx, tok, N, C, V, accumulate, t.stream.stream());
+  void* sort = t.stream.workspace(std::max<size_t>(1, cuda::token_embedding_backward_workspace_bytes(N)));
+  cuda::token_embedding_backward(dw, dx, tok, N, C, V, accumulate, sort, t.stream.stream());
 }
 
 void CudaKernels::softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets,
@@ -299,8 +416,10 @@ void* CudaKernels::host_alloc(size_t bytes) {
   return cudaMallocHost(&p, std::max<size_t>(bytes, 1)) == cudaSuccess ? p : nullptr;
 }
 
+// Reached from destructors (a checkpoint writer's staging buffer): never throws. A failure here follows an
+// earlier device error, which was reported where it happened.
 void CudaKernels::host_free(void* p) {
-  if (p) CUDA_CHECK(cudaFreeHost(p));
+  if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void CudaKernels::download(void* host_dst, const void* src, size_t bytes) {

@@ -56,8 +56,10 @@ void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const fl
 // dw(C) (+)= Σ_rows dy·x·rstd, deterministic column sums; partial: column_chunks(N)·C floats
 void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
                              bool accumulate, float* partial, cudaStream_t s);
-// Rotate-half rotary embedding in place on x(B,T,H,D); inverse rotates by the negative angle
-void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, cudaStream_t s);
+// Rotate-half rotary embedding in place on x(B,T,H,D); inverse rotates by the negative angle. First builds
+// the cos and sin tables (T,D/2) each in `table` (rope_table_floats(T, D) floats), then rotates from them.
+inline size_t rope_table_floats(int T, int D) { return 2 * size_t(T > 0 ? T : 0) * size_t(D > 1 ? D / 2 : 0); }
+void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float* table, cudaStream_t s);
 // a(n) = silu(g) * u
 void swiglu_forward(float* a, const float* g, const float* u, size_t n, cudaStream_t s);
 // dg(n) = da * u * silu'(g), du(n) = da * silu(g)
@@ -76,13 +78,18 @@ void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, co
 // ---- embed_loss_optim_kernels.cu ----
 void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T, int C,
                        cudaStream_t s);
+// dwte(V,C) as token_embedding_backward (workspace: token_embedding_backward_workspace_bytes(B·T) bytes);
+// dwpe(T,C) (+)= Σ_b dx, b in order
 void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
-                        bool accumulate_wte, bool accumulate_wpe, cudaStream_t s);
+                        bool accumulate_wte, bool accumulate_wpe, void* workspace, cudaStream_t s);
 // x(N,C) = w[tok] (rows of w(V,C))
 void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, cudaStream_t s);
-// dw(V,C) (+)= scatter-add of dx(N,C) rows by token, rows added in order (deterministic)
+// dw(V,C) (+)= scatter-add of dx(N,C) rows by token: the rows sorted by token (cub radix sort), then each token's
+// rows summed in increasing row order (deterministic); rows of tokens not seen are zeroed unless accumulating.
+// workspace: token_embedding_backward_workspace_bytes(N) bytes.
+size_t token_embedding_backward_workspace_bytes(int N);
 void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
-                              cudaStream_t s);
+                              void* workspace, cudaStream_t s);
 // probs(N,V) = softmax(logits) (may alias); row_loss(N) = -log probs[target]; *loss_sum += scale·Σ row_loss.
 void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
                           float scale, double* row_loss, cudaStream_t s);

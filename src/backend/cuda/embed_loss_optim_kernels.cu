@@ -1,5 +1,7 @@
 // Embeddings (token + position, and token only) forward/backward, softmax cross-entropy, the gradient-norm
 // reduction and AdamW. Every reduction runs in a fixed order (no float atomics), so results repeat bit for bit.
+#include <cub/device/device_radix_sort.cuh>
+
 #include <cmath>
 
 #include "backend/cuda/cuda_common.hpp"
@@ -10,7 +12,7 @@ namespace piper::cuda {
 
 namespace {
 
-constexpr int kVocabRows = 64;  // vocabulary rows per block of the wte gradient
+constexpr int kScatterColumns = 64;  // columns per block of the wte gradient
 
 // x(rows,C) = wte[tok[r]] + wpe[r % T]: columns over x, rows grid-strided over y.
 __global__ void embedding_forward_kernel(float* x, const int32_t* tok, const float* wte, const float* wpe, int rows,
@@ -28,28 +30,39 @@ __global__ void token_embedding_forward_kernel(float* x, const int32_t* tok, con
   for (int r = blockIdx.y; r < rows; r += gridDim.y) x[int64_t(r) * C + c] = w[int64_t(tok[r]) * C + c];
 }
 
-// dwte(V,C) (+)= scatter of dx(rows,C) by token. One warp per block owns 32 columns of kVocabRows
-// vocabulary rows: it scans the tokens 32 at a time and adds matching rows in row order (deterministic).
-__global__ void embedding_backward_wte_kernel(float* dwte, const float* dx, const int32_t* tok, int rows, int C,
-                                              int V, bool accumulate) {
-  __shared__ float acc[kVocabRows][32];  // (vocab row in block, lane); each lane touches its own column
-  const int lane = threadIdx.x;
-  const int c = blockIdx.x * 32 + lane;
-  const int v0 = blockIdx.y * kVocabRows;
-  const int nv = min(kVocabRows, V - v0);
-  for (int k = 0; k < nv; ++k) acc[k][lane] = (accumulate && c < C) ? dwte[int64_t(v0 + k) * C + c] : 0.f;
-  for (int r0 = 0; r0 < rows; r0 += 32) {
-    const int t = r0 + lane < rows ? tok[r0 + lane] : -1;
-    unsigned hits = __ballot_sync(kFullMask, t >= v0 && t < v0 + nv);
-    while (hits) {  // same on every lane
-      const int k = __ffs(int(hits)) - 1;
-      hits &= hits - 1;
-      const int token = __shfl_sync(kFullMask, t, k);
-      if (c < C) acc[token - v0][lane] += dx[int64_t(r0 + k) * C + c];
+// rows(n) = 0, 1, …, n−1: the values the token sort carries along
+__global__ void iota_kernel(int32_t* rows, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) rows[i] = i;
+}
+
+// dwte(V,C) (+)= scatter of dx(rows,C) by token, from the row indices sorted by token (a stable sort, so the rows
+// of one token are in increasing order). The first sorted position of each token owns that token's row: one
+// thread per column starts from the old value (accumulate) or 0 and adds the token's dx rows in row order, the
+// same additions in the same order as the CPU backend (deterministic, no atomics). Tokens outside [0,V) are
+// skipped. Block: kScatterColumns columns over x; sorted positions grid-strided over blockIdx.x.
+__global__ void embedding_backward_sorted_kernel(float* dwte, const float* dx, const int32_t* sorted_tok,
+                                                 const int32_t* sorted_row, int rows, int C, int V, bool accumulate) {
+  const int c = blockIdx.y * kScatterColumns + threadIdx.x;
+  if (c >= C) return;
+  for (int p = blockIdx.x; p < rows; p += gridDim.x) {
+    const int token = sorted_tok[p];
+    if ((p > 0 && sorted_tok[p - 1] == token) || token < 0 || token >= V) continue;  // not the first of a token
+    int end = p + 1;
+    while (end < rows && sorted_tok[end] == token) ++end;
+    float* out = dwte + int64_t(token) * C + c;
+    float acc = accumulate ? *out : 0.f;
+    int q = p;
+    for (; q + 4 <= end; q += 4) {  // four loads in flight, added in order
+      const float g0 = dx[int64_t(sorted_row[q]) * C + c], g1 = dx[int64_t(sorted_row[q + 1]) * C + c];
+      const float g2 = dx[int64_t(sorted_row[q + 2]) * C + c], g3 = dx[int64_t(sorted_row[q + 3]) * C + c];
+      acc += g0;
+      acc += g1;
+      acc += g2;
+      acc += g3;
     }
+    for (; q < end; ++q) acc += dx[int64_t(sorted_row[q]) * C + c];
+    *out = acc;
   }
-  if (c < C)
-    for (int k = 0; k < nv; ++k) dwte[int64_t(v0 + k) * C + c] = acc[k][lane];
 }
 
 // dwpe(T,C) (+)= Σ_b dx(b,t,:), b in order
@@ -150,14 +163,54 @@ void embedding_forward(float* x, const int32_t* tok, const float* wte, const flo
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// cub's temporary storage for sorting `rows` (token, row) pairs
+size_t sort_temp_bytes(int rows) {
+  size_t bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), rows));
+  return bytes;
+}
+
+}  // namespace
+
+size_t token_embedding_backward_workspace_bytes(int rows) {
+  if (rows <= 0) return 0;
+  return 3 * align_up(sizeof(int32_t) * size_t(rows)) + align_up(sort_temp_bytes(rows));
+}
+
+void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
+                              void* workspace, cudaStream_t s) {
+  if (C <= 0 || V <= 0) return;
+  if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * size_t(V) * C, s));  // tokens not seen
+  if (N <= 0) return;
+  // workspace: row indices (N), sorted tokens (N), sorted row indices (N), then cub's temporary storage
+  char* at = static_cast<char*>(workspace);
+  const size_t index_bytes = align_up(sizeof(int32_t) * size_t(N));
+  auto* row_index = reinterpret_cast<int32_t*>(at);
+  auto* sorted_tok = reinterpret_cast<int32_t*>(at + index_bytes);
+  auto* sorted_row = reinterpret_cast<int32_t*>(at + 2 * index_bytes);
+  void* temp = at + 3 * index_bytes;
+  size_t temp_bytes = sort_temp_bytes(N);
+  iota_kernel<<<grid_for(size_t(N), 256), 256, 0, s>>>(row_index, N);
+  CUDA_CHECK_LAUNCH();
+  // Stable: rows of one token keep their increasing order. All 32 bits, so that any int32 token sorts apart.
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tok, sorted_tok, row_index, sorted_row, N, 0, 32, s));
+  const unsigned positions = unsigned(N < 4096 ? N : 4096);
+  dim3 grid(positions, (C + kScatterColumns - 1) / kScatterColumns);
+  embedding_backward_sorted_kernel<<<grid, kScatterColumns, 0, s>>>(dw, dx, sorted_tok, sorted_row, N, C, V,
+                                                                     accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
 void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
-                        bool accumulate_wte, bool accumulate_wpe, cudaStream_t s) {
+                        bool accumulate_wte, bool accumulate_wpe, void* workspace, cudaStream_t s) {
   if (C <= 0) return;
-  if (V > 0) {
-    dim3 grid((C + 31) / 32, (V + kVocabRows - 1) / kVocabRows);
-    embedding_backward_wte_kernel<<<grid, 32, 0, s>>>(dwte, dx, tok, B * T, C, V, accumulate_wte);
-    CUDA_CHECK_LAUNCH();
-  }
+  token_embedding_backward(dwte, dx, tok, B * T, C, V, accumulate_wte, workspace, s);
   if (T > 0) {
     embedding_backward_wpe_kernel<<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, dx, B, T, C, accumulate_wpe);
     CUDA_CHECK_LAUNCH();
@@ -168,15 +221,6 @@ void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N
   if (N <= 0 || C <= 0) return;
   dim3 grid((C + 255) / 256, grid_rows(N));
   token_embedding_forward_kernel<<<grid, 256, 0, s>>>(x, tok, w, N, C);
-  CUDA_CHECK_LAUNCH();
-}
-
-void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
-                              cudaStream_t s) {
-  if (C <= 0 || V <= 0) return;
-  // The wte scatter of embedding_backward: every (column tile, vocabulary tile) scans the tokens in row order.
-  dim3 grid((C + 31) / 32, (V + kVocabRows - 1) / kVocabRows);
-  embedding_backward_wte_kernel<<<grid, 32, 0, s>>>(dw, dx, tok, N > 0 ? N : 0, C, V, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

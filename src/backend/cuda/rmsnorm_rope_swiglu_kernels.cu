@@ -66,20 +66,33 @@ __global__ void rmsnorm_weight_partial_kernel(float* part, const float* dy, cons
   }
 }
 
-// One thread per rotated pair (x_i, x_{i+D/2}) of x(B,T,H,D). inv_freq_i = 1 / theta^(2i/D) rounded to float
-// at each step as torch does, angle = float(t) · inv_freq_i in float; cos and sin of that float angle are
-// taken in double and rounded once, as the CPU backend does, so both build the same table.
-__global__ void rope_kernel(float* x, size_t pairs, int T, int H, int D, float theta, bool inverse) {
+// cos_t(T,D/2), sin_t(T,D/2) of the rotation, one thread per (t, i), computed as the CPU backend does:
+// inv_freq_i = 1 / theta^(2i/D) with the exponent float(2i) / D, the power taken in double and it and its
+// reciprocal each rounded to float (as torch does); angle = float(t) · inv_freq_i in float; the cosine and sine
+// of that float angle taken in double and rounded once; the sine negated for the inverse.
+__global__ void rope_table_kernel(float* cos_t, float* sin_t, int T, int D, float theta, bool inverse) {
   const int half = D / 2;
-  for (size_t p = size_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs; p += size_t(gridDim.x) * blockDim.x) {
-    const int i = int(p % size_t(half));
-    const size_t row = p / size_t(half);  // (b·T + t)·H + h
-    const int t = int((row / size_t(H)) % size_t(T));
+  const size_t n = size_t(T) * size_t(half);
+  for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += size_t(gridDim.x) * blockDim.x) {
+    const int i = int(e % size_t(half));
+    const int t = int(e / size_t(half));
     const float inv_freq = 1.0f / float(pow(double(theta), double(float(2 * i) / float(D))));
     const float a = __fmul_rn(float(t), inv_freq);
     double sd, cd;
     sincos(double(a), &sd, &cd);
-    const float c = float(cd), s = inverse ? -float(sd) : float(sd);
+    cos_t[e] = float(cd);
+    sin_t[e] = float(inverse ? -sd : sd);
+  }
+}
+
+// One thread per rotated pair (x_i, x_{i+D/2}) of x(B,T,H,D), reading the (T,D/2) tables of rope_table_kernel.
+__global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, size_t pairs, int T, int H, int D) {
+  const int half = D / 2;
+  for (size_t p = size_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs; p += size_t(gridDim.x) * blockDim.x) {
+    const int i = int(p % size_t(half));
+    const size_t row = p / size_t(half);  // (b·T + t)·H + h
+    const size_t t = (row / size_t(H)) % size_t(T);
+    const float c = cos_t[t * half + i], s = sin_t[t * half + i];
     float* lo = x + row * size_t(D) + i;
     float* hi = lo + half;
     const float x1 = *lo, x2 = *hi;
@@ -134,10 +147,15 @@ void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const f
   column_finish(dw, partial, chunks, C, accumulate, s);
 }
 
-void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, cudaStream_t s) {
+void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float* table, cudaStream_t s) {
   const size_t pairs = size_t(B > 0 ? B : 0) * size_t(T > 0 ? T : 0) * size_t(H > 0 ? H : 0) * size_t(D / 2);
   if (pairs == 0) return;
-  rope_kernel<<<grid_for(pairs, 256), 256, 0, s>>>(x, pairs, T, H, D, theta, inverse);
+  const size_t entries = size_t(T) * size_t(D / 2);
+  float* cos_t = table;           // (T,D/2)
+  float* sin_t = table + entries;  // (T,D/2)
+  rope_table_kernel<<<grid_for(entries, 256), 256, 0, s>>>(cos_t, sin_t, T, D, theta, inverse);
+  CUDA_CHECK_LAUNCH();
+  rope_kernel<<<grid_for(pairs, 256), 256, 0, s>>>(x, cos_t, sin_t, pairs, T, H, D);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -228,19 +228,27 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
   return z;
 }
 
+// Every expert's matmuls of one kind go to the backend as one grouped call (parts are independent products);
+// SwiGLU and its backward run once over all rows, which the parts fill contiguously from row 0.
 void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
   ExpertsStash st(io.stash, s);
   Ragged in(io.in, s.parts), out(io.out, s.parts);
   k.copy(out.counts, in.counts, size_t(s.parts) * i32);
+  std::vector<LinearGroup> gate_up, down;
+  int rows = 0;
   for (const Part& p : parts_of(k, s, io.in, io.shard)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
-    k.linear_forward(st.g + fo, in.rows + xo, expert_param(io, p.expert, kGate), nullptr, p.count, s.C, s.DE);
-    k.linear_forward(st.u + fo, in.rows + xo, expert_param(io, p.expert, kUp), nullptr, p.count, s.C, s.DE);
-    k.swiglu_forward(st.a + fo, st.g + fo, st.u + fo, size_t(p.count) * s.DE);                  // (count,DE)
-    k.linear_forward(out.rows + xo, st.a + fo, expert_param(io, p.expert, kDown), nullptr, p.count, s.DE, s.C);
+    const float* x = in.rows + xo;  // (count,C)
+    gate_up.push_back({st.g + fo, x, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});  // (count,DE)
+    gate_up.push_back({st.u + fo, x, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, false});    // (count,DE)
+    down.push_back({out.rows + xo, st.a + fo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
+    rows = p.first + p.count;
   }
+  k.linear_forward_grouped(gate_up.data(), int(gate_up.size()));
+  k.swiglu_forward(st.a, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
+  k.linear_forward_grouped(down.data(), int(down.size()));  // (count,C) per part
 }
 
 void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -250,14 +258,20 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   float* da = io.workspace;  // (rows,DE)
   Ragged dy(io.dout, s.parts), dx(io.din, s.parts);
   k.copy(dx.counts, dy.counts, size_t(s.parts) * i32);
+  std::vector<LinearGroup> down, gate, up;
+  int rows = 0;
   for (const Part& p : parts_of(k, s, io.in, io.shard)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
-    k.linear_backward_input(da + fo, dy.rows + xo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false);
-    k.swiglu_backward(ws.dg + fo, ws.du + fo, da + fo, st.g + fo, st.u + fo, size_t(p.count) * s.DE);
-    k.linear_backward_input(dx.rows + xo, ws.dg + fo, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false);
-    k.linear_backward_input(dx.rows + xo, ws.du + fo, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true);
+    down.push_back({da + fo, dy.rows + xo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
+    gate.push_back({dx.rows + xo, ws.dg + fo, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});
+    up.push_back({dx.rows + xo, ws.du + fo, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true});
+    rows = p.first + p.count;
   }
+  k.linear_backward_input_grouped(down.data(), int(down.size()));         // da (count,DE) per part
+  k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
+  gate.insert(gate.end(), up.begin(), up.end());  // each part's dx: the gate's product, then the up's added
+  k.linear_backward_input_grouped(gate.data(), int(gate.size()));         // dx (count,C) per part
 }
 
 void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -266,16 +280,18 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
   ExpertsWStash ws(io.wstash, s);
   Ragged in(io.in, s.parts), dy(io.dout, s.parts);
   std::vector<bool> written(size_t(s.E), false);  // this call has written expert e's gradients
+  std::vector<LinearGroup> products;  // parts of one expert (one per source rank) add into its gradients in order
   for (const Part& p : parts_of(k, s, io.in, io.shard)) {
     if (p.count == 0) continue;
     const int i = 3 * p.expert;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     const bool add = written[size_t(p.expert)] || io.accumulate(i);
-    k.linear_backward_weight(io.g[i + kDown], nullptr, dy.rows + xo, st.a + fo, p.count, s.DE, s.C, add);
-    k.linear_backward_weight(io.g[i + kGate], nullptr, ws.dg + fo, in.rows + xo, p.count, s.C, s.DE, add);
-    k.linear_backward_weight(io.g[i + kUp], nullptr, ws.du + fo, in.rows + xo, p.count, s.C, s.DE, add);
+    products.push_back({io.g[i + kDown], dy.rows + xo, st.a + fo, p.count, s.DE, s.C, add});   // (C,DE)
+    products.push_back({io.g[i + kGate], ws.dg + fo, in.rows + xo, p.count, s.C, s.DE, add});  // (DE,C)
+    products.push_back({io.g[i + kUp], ws.du + fo, in.rows + xo, p.count, s.C, s.DE, add});    // (DE,C)
     written[size_t(p.expert)] = true;
   }
+  k.linear_backward_weight_grouped(products.data(), int(products.size()));
   for (int e = io.shard * s.local; e < (io.shard + 1) * s.local; ++e) {  // experts without tokens
     const int i = 3 * e;
     if (written[size_t(e)] || io.accumulate(i)) continue;
