@@ -9,6 +9,7 @@
 #include "app/cli.hpp"
 #include "app/dry_run.hpp"
 #include "app/launch.hpp"
+#include "app/stop_signals.hpp"
 #include "app/train.hpp"
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
@@ -47,6 +48,7 @@ int run_without_mpi(const piper::CliOptions& opts, const std::string& cli_error)
 
 int main(int argc, char** argv) {
   using namespace piper;
+  bool trains = false;
   {
     CliOptions opts;
     std::string cli_error;
@@ -55,14 +57,17 @@ int main(int argc, char** argv) {
     } catch (const UserError& e) {
       cli_error = e.what();
     }
-    const bool trains = cli_error.empty() && !opts.help && !opts.version && !opts.dry_run;
+    trains = cli_error.empty() && !opts.help && !opts.version && !opts.dry_run;
     if (!trains && !started_by_launcher()) return run_without_mpi(opts, cli_error);
+    // From the start of a training run: a stop during start-up or a resume ends it with exit code 4.
+    if (trains) install_stop_signals(-1);
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (trains) install_stop_signals(rank);  // again, over anything the MPI library installed
   int code = 0;
   try {
     if (provided < MPI_THREAD_MULTIPLE) throw SystemError("the MPI library does not provide MPI_THREAD_MULTIPLE");

@@ -11,7 +11,8 @@ PKGS=(g++ cmake make pkg-config
       libtomlplusplus-dev
       catch2
       libopenblas-dev
-      fortunes-min fortunes)
+      fortunes-min fortunes
+      strace)   # the watchdog test holds a rank inside a checkpoint write (syscall delay injection)
 PKGS+=("$@")
 
 missing=()

@@ -1,7 +1,9 @@
 // Dry run (see dry_run.hpp).
 #include "app/dry_run.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -63,7 +65,8 @@ std::string directive_text(const Directive& d, bool full) {
 void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
   out << text;
-  if (!out) throw SystemError(cat("cannot write ", p.string()));
+  out.close();  // a full disk shows at the last flush
+  if (!out) throw SystemError(cat("--dump-plan: cannot write ", p.string(), ": ", std::strerror(errno ? errno : EIO)));
 }
 
 // The cost model's timeline of one step, in the Chrome-trace format --trace writes (times in microseconds,

@@ -1,7 +1,9 @@
 // Chrome-trace output and the time summary (see trace_file.hpp).
 #include "app/trace_file.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "util/error.hpp"
@@ -70,7 +72,8 @@ void write_trace(const std::string& path, Executor& ex, const std::vector<TraceE
   if (all.size() >= 2) all.resize(all.size() - 2);  // the last ",\n"
   std::ofstream f(path);
   f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n" << all << "\n]}\n";
-  if (!f) throw SystemError(cat("--trace: cannot write '", path, "'"));
+  f.close();  // a full disk shows at the last flush
+  if (!f) throw SystemError(cat("--trace: cannot write '", path, "': ", std::strerror(errno ? errno : EIO)));
   std::printf("trace: %s (%zu bytes; open it in https://ui.perfetto.dev or chrome://tracing)\n", path.c_str(),
               all.size());
 }

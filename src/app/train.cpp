@@ -4,9 +4,12 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -96,11 +99,47 @@ std::optional<std::string> verified_resume_path(const Plan& plan, const std::str
   return broadcast_string(path, world);
 }
 
+// A stop signal that came before training (during start-up, the resume's verification or its load), on any
+// rank: every rank learns it here, rank 0 says so, and the run ends with exit code 4 having written nothing.
+bool stopped_before_training(const char* during, MPI_Comm world) {
+  int mine = stop_signal().load(), any = 0;
+  MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, world));
+  if (!any) return false;
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  if (rank == 0) {
+    std::printf("stopped by a signal %s, before training started: nothing was written, the checkpoint folder is "
+                "as it was (continue with --resume auto); exit code %d\n", during, int(kExitStopped));
+    std::fflush(stdout);
+  }
+  return true;
+}
+
+// Arms the watchdog over one checkpoint save or load for as long as it lives.
+class WatchedTransfer {
+ public:
+  WatchedTransfer(Executor& ex, const std::string& what, double bytes) : ex_(ex) { ex_.watch_transfer(what, bytes); }
+  ~WatchedTransfer() { ex_.end_transfer(); }
+  WatchedTransfer(const WatchedTransfer&) = delete;
+  WatchedTransfer& operator=(const WatchedTransfer&) = delete;
+
+ private:
+  Executor& ex_;
+};
+
+// Bytes of one checkpoint of the plan's model: parameters and both AdamW moments, fp32.
+double checkpoint_bytes(const Plan& plan) {
+  double n = 0;
+  for (const auto& p : plan.params) n += double(p.numel);
+  return 3 * 4 * n;
+}
+
 }  // namespace
 
 int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
+  if (stopped_before_training("during start-up", world)) return kExitStopped;
   // --resume: the file is verified before anything is allocated, so that rank 0 reads it alone.
   std::string resume_path;
   double verify_seconds = 0;
@@ -108,6 +147,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     std::optional<std::string> path = verified_resume_path(plan, opts.resume, world, {}, verify_seconds);
     if (!path) return kExitBadInput;
     resume_path = *path;
+    if (stopped_before_training("while the checkpoint to resume from was verified", world)) return kExitStopped;
   }
   int local_rank = 0;
   const int threads = resolve_threads(plan.threads, world, &local_rank);
@@ -117,8 +157,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   Executor ex(plan, *backend, world, profiler.get());
   ex.set_synchronous(opts.profile || !opts.trace.empty());  // measured times are the device's
   ex.init_parameters();
-  install_stop_signals(rank);
   ex.watch_stop_flag(&stop_signal());
+  std::atomic<int> output_failed{0};  // rank 0: a metrics line could not be written; every rank ends after the step
+  ex.watch_failure_flag(&output_failed);
 
   int64_t start = 0;
   std::vector<std::string> refused;  // --resume auto: files whose data a rank found damaged while loading
@@ -128,6 +169,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     const double read_start = now_seconds();
     int failed = 0, any_failed = 0;
     try {
+      std::error_code ec;
+      const auto file_bytes = std::filesystem::file_size(resume_path, ec);
+      WatchedTransfer watched(ex, cat("the load of ", resume_path), ec ? checkpoint_bytes(plan) : double(file_bytes));
       start = load_checkpoint(ex, resume_path);
     } catch (const UserError& e) {
       std::fprintf(stderr, "piper: rank %d: %s%s\n", rank, opts.resume == "auto" ? "warning: resume: skipped " : "error: ",
@@ -156,6 +200,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     }
     break;
   }
+  if (stopped_before_training(resume_path.empty() ? "during start-up" : "while the checkpoint was loaded", world))
+    return kExitStopped;
   const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;
   std::ofstream metrics;
   if (rank == 0 && !opts.metrics.empty()) {
@@ -167,6 +213,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                 static_cast<long long>(start), static_cast<long long>(end));
   // A common time origin for every rank's timeline (and the trace).
   MPI_CHECK(MPI_Barrier(world));
+  stop_signals_training_started();  // a stop request from here on is answered with a checkpoint after its step
   ex.set_time_origin(now_seconds());
   StepTimes times;
   int64_t timed_steps = 0;
@@ -182,6 +229,21 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                 flops_per_step / 1e9, flops_per_step / tokens_per_step);
   int64_t last_saved = -1;
   CheckpointSaver saver(plan.checkpoint_dir, plan.checkpoint_keep, plan.checkpoint_async, world);
+  saver.set_damaged(refused);
+  const double ckpt_bytes = checkpoint_bytes(plan);
+  auto save = [&](int64_t steps_done) {
+    WatchedTransfer watched(ex, cat("the save of checkpoint step ", steps_done), ckpt_bytes);
+    return saver.save(ex, steps_done);
+  };
+  auto finish_saves = [&] {  // waits for an asynchronous save still being written
+    WatchedTransfer watched(ex, "the completion of the last checkpoint save", ckpt_bytes);
+    return saver.finish();
+  };
+  auto poll_saves = [&] {
+    WatchedTransfer watched(ex, "the completion of an asynchronous checkpoint save", ckpt_bytes);
+    return saver.poll();
+  };
+  bool data_replaced = false;  // rank 0 warned that data.path names another file now
   bool balance = false;  // the model has segments with a balance loss: report it apart
   for (const auto& seg : plan.segments) balance |= seg.type->adds_balance_loss;
   int64_t skipped_in_row = 0, skipped_total = 0;
@@ -230,6 +292,26 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                       static_cast<long long>(step + 1), json_number(m.loss).c_str(), extra.c_str(), m.lr,
                       json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt);
         metrics << line << std::flush;
+        if (!metrics) {
+          std::fprintf(stderr, "piper: error: --metrics %s: cannot write the line of step %lld: %s; the run ends "
+                       "after the next step%s\n", opts.metrics.c_str(), static_cast<long long>(step + 1),
+                       std::strerror(errno ? errno : EIO), plan.checkpoint_dir.empty() ? "" : ", with a checkpoint");
+          std::fflush(stderr);
+          metrics.close();
+          output_failed = 1;
+        }
+      }
+      if (!data_replaced && plan.data.kind == DataConfig::Kind::Tokens) {
+        const std::string now = replaced_file_text(ex.data_identity(), plan.data.path);
+        if (!now.empty()) {
+          const FileIdentity& id = ex.data_identity();
+          std::fprintf(stderr, "piper: warning: data.path '%s' was replaced during the run: it names %s now. This "
+                       "run goes on with the file it opened (%lld bytes, %s), and its checkpoints record that file: "
+                       "a resume needs that content at data.path\n", plan.data.path.c_str(), now.c_str(),
+                       static_cast<long long>(id.bytes), id.hash.c_str());
+          std::fflush(stderr);
+          data_replaced = true;
+        }
       }
     }
     // Every rank saw the same sums, so every rank takes the same way out here.
@@ -241,14 +323,31 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                      static_cast<long long>(step + 1), m.loss, m.grad_norm,
                      plan.skip_nonfinite ? cat(" for ", skipped_in_row, " steps in a row").c_str() : "",
                      plan.skip_nonfinite ? "skip" : "stop", int(kExitNonFinite));
-      if (int code = saver.finish()) return code;  // an earlier checkpoint still being written completes
+      if (int code = finish_saves()) return code;  // an earlier checkpoint still being written completes
       return kExitNonFinite;
+    }
+    if (m.failure_reported) {  // an output of rank 0 failed (printed there): save what the job has, then end
+      if (!plan.checkpoint_dir.empty() && last_saved != step + 1) {
+        if (int code = save(step + 1)) return code;
+      }
+      if (int code = finish_saves()) return code;
+      if (rank == 0) {
+        std::fprintf(stderr, "piper: error: the run ended after step %lld because an output file could not be "
+                     "written (above)%s; exit code %d\n", static_cast<long long>(step + 1),
+                     plan.checkpoint_dir.empty()
+                         ? ""
+                         : cat("; checkpoint: ", checkpoint_path(plan.checkpoint_dir, step + 1),
+                               " (continue with --resume auto)").c_str(),
+                     int(kExitFailure));
+        std::fflush(stderr);
+      }
+      return kExitFailure;
     }
     if (m.stop_requested) {
       if (!plan.checkpoint_dir.empty() && last_saved != step + 1) {
-        if (int code = saver.save(ex, step + 1)) return code;
+        if (int code = save(step + 1)) return code;
       }
-      if (int code = saver.finish()) return code;
+      if (int code = finish_saves()) return code;
       if (rank == 0) {
         if (plan.checkpoint_dir.empty())
           std::printf("stopped by a signal after step %lld; no checkpoint.dir: nothing saved\n",
@@ -261,16 +360,21 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       return kExitStopped;
     }
     if (!plan.checkpoint_dir.empty() && plan.checkpoint_every > 0 && (step + 1) % plan.checkpoint_every == 0) {
-      if (int code = saver.save(ex, step + 1)) return code;
+      if (int code = save(step + 1)) return code;
       last_saved = step + 1;
-    } else if (int code = saver.poll()) {  // an asynchronous checkpoint whose writes are done gets its name
+    } else if (int code = poll_saves()) {  // an asynchronous checkpoint whose writes are done gets its name
       return code;
     }
   }
   if (!plan.checkpoint_dir.empty() && end > start && last_saved != end) {
-    if (int code = saver.save(ex, end)) return code;
+    if (int code = save(end)) return code;
   }
-  if (int code = saver.finish()) return code;  // the end of the run waits for the last write
+  if (int code = finish_saves()) return code;  // the end of the run waits for the last write
+  {  // a metrics line of the last step that could not be written: every rank ends with rank 0's code
+    int mine = output_failed.load(), any = 0;
+    MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, world));
+    if (any) return kExitFailure;
+  }
   if (rank == 0 && end > start) {
     const double loop = now_seconds() - loop_start;
     std::printf("trained steps %lld..%lld in %.3f s: %.2f ms a step with its logging and checkpoints\n",

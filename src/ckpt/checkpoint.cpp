@@ -141,8 +141,10 @@ std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
 
 namespace {
 
-CheckpointHeader header_of(const Plan& plan, int64_t steps_done) {
-  return {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan)};
+// The data file is recorded as this run opened it, not as data.path names it now.
+CheckpointHeader header_of(const Executor& ex, int64_t steps_done) {
+  const Plan& plan = ex.plan();
+  return {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan, &ex.data_identity())};
 }
 
 void report_failed_save(int64_t steps_done, const std::string& failure) {
@@ -191,7 +193,7 @@ int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm
   const int64_t resident_before = resident_bytes();
   const double t0 = now_seconds();
   const std::vector<Piece> pieces = owned_pieces(ex);
-  ParallelCheckpointWrite w(checkpoint_path(dir, steps_done), header_of(ex.plan(), steps_done), ex.plan().params,
+  ParallelCheckpointWrite w(checkpoint_path(dir, steps_done), header_of(ex, steps_done), ex.plan().params,
                             slices_of(pieces), comm);
   if (int code = w.begin_code()) {
     if (ex.plan().rank == 0) report_failed_save(steps_done, w.failure());
@@ -247,6 +249,14 @@ CheckpointSaver::~CheckpointSaver() {
   MPI_Comm_free(&comm_);
 }
 
+void CheckpointSaver::prune(const std::string& job_name, int64_t steps_done) {
+  const PruneResult r = prune_checkpoints(dir_, keep_, job_name, checkpoint_path(dir_, steps_done), damaged_);
+  for (const std::string& m : r.moved)
+    std::fprintf(stderr, "piper: warning: checkpoint: moved aside %s (not counted by checkpoint.keep, never resumed "
+                 "from; delete it when it is no longer needed)\n", m.c_str());
+  std::fflush(stderr);
+}
+
 int CheckpointSaver::complete_pending() {
   if (!pending_) return 0;
   pending_->writer.join();
@@ -259,7 +269,7 @@ int CheckpointSaver::complete_pending() {
       MPI_Comm_size(comm_, &ranks);
       report_save(*pending_->plan, pending_->steps_done, ranks, now_seconds() - pending_->started, -1,
                   pending_->step_wait);
-      prune_checkpoints(dir_, keep_, checkpoint_path(dir_, pending_->steps_done));
+      prune(pending_->plan->job_name, pending_->steps_done);
     }
   }
   pending_.reset();
@@ -269,7 +279,7 @@ int CheckpointSaver::complete_pending() {
 int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
   if (!async_) {
     int code = write_now(ex, steps_done, dir_, comm_);
-    if (code == 0 && rank_ == 0) prune_checkpoints(dir_, keep_, checkpoint_path(dir_, steps_done));
+    if (code == 0 && rank_ == 0) prune(ex.plan().job_name, steps_done);
     return code;
   }
   // The previous file must be complete before this one starts (and before its failure could go unseen).
@@ -280,7 +290,7 @@ int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
   p->steps_done = steps_done;
   p->plan = &ex.plan();
   p->started = t0;
-  p->write = std::make_unique<ParallelCheckpointWrite>(checkpoint_path(dir_, steps_done), header_of(ex.plan(), steps_done),
+  p->write = std::make_unique<ParallelCheckpointWrite>(checkpoint_path(dir_, steps_done), header_of(ex, steps_done),
                                                        ex.plan().params, slices_of(pieces), comm_);
   if (int code = p->write->begin_code()) {
     if (rank_ == 0) report_failed_save(steps_done, p->write->failure());
@@ -402,7 +412,7 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
   }
   const Plan& plan = ex.plan();
   if (plan.rank == 0)  // the job must be the one the checkpoint was trained with, up to checkpoint.allow_changes
-    for (const std::string& w : check_resume(read_run_record(file), run_record(plan), plan.allow_changes, path))
+    for (const std::string& w : check_resume(read_run_record(file), run_record(plan, &ex.data_identity()), plan.allow_changes, path))
       std::fprintf(stderr, "piper: warning: %s\n", w.c_str());
   try {
     std::unique_ptr<BlockCheckedReader> checked;

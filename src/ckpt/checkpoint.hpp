@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ckpt/folder.hpp"
 #include "ckpt/verify.hpp"
@@ -42,15 +43,19 @@ class CheckpointSaver {
   [[nodiscard]] int poll();
   // Collective. Waits for the asynchronous write still running and completes it; 0 or its exit code.
   [[nodiscard]] int finish();
+  // Files of `dir` whose data failed to load (--resume auto went past them): pruning moves them aside.
+  void set_damaged(std::vector<std::string> paths) { damaged_ = std::move(paths); }
 
  private:
   struct Pending;
   int complete_pending();
+  void prune(const std::string& job_name, int64_t steps_done);  // rank 0, after a save completed
   std::string dir_;
   int keep_ = 0;
   bool async_ = false;
   MPI_Comm comm_;
   int rank_ = 0;
+  std::vector<std::string> damaged_;
   std::unique_ptr<Pending> pending_;
 };
 

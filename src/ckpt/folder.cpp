@@ -130,13 +130,69 @@ ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::stri
   return choice;
 }
 
-void prune_checkpoints(const std::string& dir, int keep, const std::string& newest_verified) {
-  if (keep <= 0) return;
-  std::vector<std::string> files = list_checkpoints(dir);
+std::string damaged_folder(const std::string& dir) { return (fs::path(dir) / "damaged").string(); }
+
+namespace {
+
+// Moves `path` into dir/damaged/ under its own name (a free one: NAME, NAME.1, NAME.2, ...); returns the new path,
+// or "" with `error` set when it could not be moved.
+std::string move_aside(const std::string& dir, const std::string& path, std::string& error) {
   std::error_code ec;
-  for (size_t i = size_t(keep); i < files.size(); ++i)
-    if (name_step(fs::path(files[i]).filename().string()) >= 0 && !fs::equivalent(files[i], newest_verified, ec))
-      fs::remove(files[i], ec);
+  const fs::path folder = damaged_folder(dir);
+  fs::create_directories(folder, ec);
+  if (ec) {
+    error = cat("cannot create ", folder.string(), ": ", ec.message());
+    return "";
+  }
+  const std::string name = fs::path(path).filename().string();
+  fs::path to = folder / name;
+  for (int i = 1; fs::exists(to, ec) || fs::is_symlink(to, ec); ++i) to = folder / cat(name, ".", i);
+  fs::rename(path, to, ec);
+  if (ec) {
+    error = cat("cannot move it to ", to.string(), ": ", ec.message());
+    return "";
+  }
+  return to.string();
+}
+
+}  // namespace
+
+PruneResult prune_checkpoints(const std::string& dir, int keep, const std::string& job_name,
+                              const std::string& newest_verified, const std::vector<std::string>& known_damaged) {
+  PruneResult result;
+  if (keep <= 0) return result;
+  std::error_code ec;
+  std::vector<std::string> ours;  // this job's checkpoints that verify, newest first
+  for (const std::string& path : list_checkpoints(dir)) {
+    if (name_step(fs::path(path).filename().string()) < 0) continue;  // not a name piper writes: not ours to touch
+    if (fs::equivalent(path, newest_verified, ec)) {
+      ours.push_back(path);
+      continue;
+    }
+    std::string why;
+    if (std::find(known_damaged.begin(), known_damaged.end(), path) != known_damaged.end()) {
+      why = "its data does not verify (found when it was loaded)";
+    } else {
+      try {
+        CheckpointInfo info = verify_checkpoint(path, "", /*read_data=*/false);
+        if (!info.job_name.empty() && info.job_name != job_name)
+          why = cat("a checkpoint of another job ('", info.job_name, "', this job is '", job_name, "')");
+      } catch (const UserError& e) {
+        why = e.what();
+      }
+    }
+    if (why.empty()) {
+      ours.push_back(path);
+      continue;
+    }
+    std::string error;
+    const std::string to = move_aside(dir, path, error);
+    result.moved.push_back(to.empty() ? cat(path, ": ", why, "; left in place, not counted: ", error)
+                                      : cat(path, " -> ", to, ": ", why));
+  }
+  for (size_t i = size_t(keep); i < ours.size(); ++i)
+    if (!fs::equivalent(ours[i], newest_verified, ec) && fs::remove(ours[i], ec)) result.removed.push_back(ours[i]);
+  return result;
 }
 
 }  // namespace piper

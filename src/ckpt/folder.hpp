@@ -33,8 +33,22 @@ struct ResumeChoice {
 ResumeChoice choose_resume_checkpoint(const std::string& resume, const std::string& dir, bool check_data = true,
                                       const std::vector<std::string>& refused = {});
 
-// Removes all but the newest `keep` checkpoints (keep = 0: keep all), never `newest_verified` (the file
-// just written and verified), whatever the files named as newer hold, nor a name without a step number.
-void prune_checkpoints(const std::string& dir, int keep, const std::string& newest_verified);
+// What pruning did to the folder, for rank 0 to report.
+struct PruneResult {
+  std::vector<std::string> removed;  // this job's checkpoints past the newest `keep` that verify
+  std::vector<std::string> moved;    // "FROM -> TO: why", for each damaged or foreign file moved aside
+};
+
+// The folder damaged and foreign files are moved into: `dir/damaged`.
+std::string damaged_folder(const std::string& dir);
+
+// Prunes `dir` to the newest `keep` checkpoints of this job (keep = 0: does nothing). Only files step_N.h5
+// that verify (structure and checksum; a version-3 file's blocks by their recorded hashes, not read) and
+// were written by a job named `job_name` count; `newest_verified` (the file just written) always counts and
+// is never removed. A file that fails to verify, or is in `known_damaged` (its data failed to load), and a
+// checkpoint of another job are moved into damaged_folder(dir), never deleted; names without a step number
+// are left alone. Returns what it removed and moved.
+PruneResult prune_checkpoints(const std::string& dir, int keep, const std::string& job_name,
+                              const std::string& newest_verified, const std::vector<std::string>& known_damaged = {});
 
 }  // namespace piper

@@ -9,14 +9,14 @@
 
 namespace piper {
 
-RunRecord run_record(const Plan& plan) {
+RunRecord run_record(const Plan& plan, const FileIdentity* data) {
   RunRecord r;
   r.has_seed = true;
   r.seed = int64_t(plan.seed);
   r.sampler = plan.data.sequential ? "sequential" : "random";
   r.model = plan.model_keys;
   if (plan.data.kind == DataConfig::Kind::Tokens) {
-    FileIdentity id = file_identity(plan.data.path);
+    const FileIdentity id = data ? *data : file_identity(plan.data.path);
     r.has_data = true;
     r.data_path = plan.data.path;
     r.data_bytes = id.bytes;

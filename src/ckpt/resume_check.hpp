@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "data/data.hpp"
 #include "plan/plan.hpp"
 
 namespace piper {
@@ -23,8 +24,9 @@ struct RunRecord {
   std::string data_hash;         // "data_hash": FileIdentity::hash
 };
 
-// The record of the job this plan runs (reads the first and last MiB of its token file).
-RunRecord run_record(const Plan& plan);
+// The record of the job this plan runs, with `data` the identity of the token file it reads (taken when
+// the run opened it); null reads the first and last MiB of the file data.path names now.
+RunRecord run_record(const Plan& plan, const FileIdentity* data = nullptr);
 
 // Compares the checkpoint's record with the job's. Returns the warnings to print: changes that
 // `allowed` (checkpoint.allow_changes) names, and what an older checkpoint cannot tell. Throws UserError

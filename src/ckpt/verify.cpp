@@ -131,6 +131,7 @@ CheckpointInfo check_contents(hid_t file, const std::string& name, bool read_dat
                         kCheckpointVersion));
   if (!h5::read_attr_i64(file, "step", info.step)) throw UserError("has no attribute 'step'");
   if (info.step < 0) throw UserError(cat("attribute 'step' is negative (", info.step, ")"));
+  if (!h5::read_attr_str(file, "job_name", info.job_name)) info.job_name.clear();
   if (name.size() > 8 && name.rfind("step_", 0) == 0 && name.substr(name.size() - 3) == ".h5") {
     const std::string digits = name.substr(5, name.size() - 8);
     if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) || digits.size() > 18)

@@ -16,6 +16,7 @@ struct CheckpointInfo {
   int64_t step = 0;            // completed steps
   int64_t format_version = 0;  // 1 (no checksum), 2 (Fletcher32 chunks, one hash per tensor), 3 (block hashes)
   bool checksummed = false;    // a `checksum` attribute was present and matched
+  std::string job_name;        // the `job_name` attribute of the job that wrote it ("" when absent)
 };
 
 // Reads the whole file. Throws UserError "PATH: what is wrong" when it is not a piper checkpoint of a

@@ -103,10 +103,8 @@ int token_bytes_of(const DataConfig& cfg) {
   return 1;
 }
 
-FileIdentity file_identity(const std::string& path) {
+FileIdentity file_identity_of(int fd, const std::string& path) {
   constexpr int64_t kMiB = int64_t(1) << 20;
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw UserError(cat("data.path: cannot open '", path, "': ", std::strerror(errno)));
   struct stat st {};
   FileIdentity id;
   std::vector<uint8_t> buf;
@@ -114,6 +112,8 @@ FileIdentity file_identity(const std::string& path) {
   int err = fstat(fd, &st) == 0 ? 0 : errno;
   if (err == 0) {
     id.bytes = int64_t(st.st_size);
+    id.device = uint64_t(st.st_dev);
+    id.inode = uint64_t(st.st_ino);
     const int64_t head = std::min(id.bytes, kMiB), tail_at = std::max<int64_t>(0, id.bytes - kMiB);
     for (auto [at, n] : {std::pair<int64_t, int64_t>{0, head}, {tail_at, id.bytes - tail_at}}) {
       buf.resize(size_t(n));
@@ -121,13 +121,32 @@ FileIdentity file_identity(const std::string& path) {
       for (int64_t i = 0; err == 0 && i < n; ++i) h = (h ^ buf[size_t(i)]) * 1099511628211ull;  // FNV prime
     }
   }
-  ::close(fd);
   if (err != 0)
     throw UserError(cat("data.path: cannot read '", path, "': ", err == kEndOfFile ? "the file shrank" : file_error_text(err)));
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   id.hash = cat("fnv1a64:", hex);
   return id;
+}
+
+FileIdentity file_identity(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UserError(cat("data.path: cannot open '", path, "': ", std::strerror(errno)));
+  try {
+    FileIdentity id = file_identity_of(fd, path);
+    ::close(fd);
+    return id;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+std::string replaced_file_text(const FileIdentity& id, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return cat("nothing: ", std::strerror(errno));
+  if (uint64_t(st.st_dev) == id.device && uint64_t(st.st_ino) == id.inode) return "";
+  return cat("another file, of ", int64_t(st.st_size), " bytes");
 }
 
 DataLoader::DataLoader(const DataConfig& cfg) : cfg_(cfg) {
@@ -143,6 +162,12 @@ DataLoader::DataLoader(const DataConfig& cfg) : cfg_(cfg) {
   }
   file_bytes_ = int64_t(st.st_size);
   n_tokens_ = file_bytes_ / width_;  // a partial last token is ignored; validate_data rejects it
+  try {
+    identity_ = file_identity_of(fd_, cfg_.path);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
 }
 
 DataLoader::~DataLoader() {

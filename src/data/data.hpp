@@ -33,12 +33,21 @@ void validate_data(const DataConfig& cfg);
 
 // What a checkpoint records of a token file, so that --resume can tell whether it is the same file: its
 // size and an FNV-1a 64 hash of its first and its last MiB (the whole file when shorter), as
-// "fnv1a64:" + 16 hex digits. Throws UserError naming data.path when the file cannot be read.
+// "fnv1a64:" + 16 hex digits; `device` and `inode` say which file it was (not recorded). Throws UserError
+// naming data.path when the file cannot be read.
 struct FileIdentity {
   int64_t bytes = 0;
   std::string hash;
+  uint64_t device = 0, inode = 0;
 };
 FileIdentity file_identity(const std::string& path);
+// The identity of the file open as `fd` (named `path` in messages): what a run reads through its descriptor,
+// whatever `path` names later.
+FileIdentity file_identity_of(int fd, const std::string& path);
+
+// "" while `path` still names the file `id` was taken of; else what it names now ("another file, of N
+// bytes", "nothing: ..."): a file renamed over it, or the file moved away, since.
+std::string replaced_file_text(const FileIdentity& id, const std::string& path);
 
 class DataLoader {
  public:
@@ -56,6 +65,8 @@ class DataLoader {
 
   int64_t num_tokens() const { return n_tokens_; }
   int64_t file_bytes() const { return file_bytes_; }
+  // The token file as it was opened (taken once, from the descriptor): what this run trains on.
+  const FileIdentity& identity() const { return identity_; }
   int token_bytes() const { return width_; }
   std::pair<int64_t, int64_t> max_token() const;  // largest token id and its first position; -1 if none
   // Start of sequence `index` of step `step` in the token stream.
@@ -79,6 +90,7 @@ class DataLoader {
   int64_t file_bytes_ = 0;
   int width_ = 1;
   int64_t n_tokens_ = 0;
+  FileIdentity identity_;
 };
 
 }  // namespace piper

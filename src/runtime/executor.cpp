@@ -47,6 +47,8 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
   for (const auto& in : plan_.instrs)
     if (in.op == Op::Forward && plan_.segments[size_t(in.segment)].type->data != DataSlot::None) needs_data = true;
   if (needs_data) data_ = std::make_unique<DataLoader>(plan_.data);
+  if (data_) data_identity_ = data_->identity();
+  else if (plan_.data.kind == DataConfig::Kind::Tokens) data_identity_ = file_identity(plan_.data.path);
 
   param_slot_.assign(plan_.params.size(), -1);
   for (size_t i = 0; i < plan_.plan_params.size(); ++i) param_slot_[size_t(plan_.plan_params[i].model_param)] = int32_t(i);
@@ -492,13 +494,14 @@ void Executor::run_step_sync(const Instr& in) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
   }
-  double local[4];  // cross-entropy, gradient norm², balance loss, stop requests
+  double local[5];  // cross-entropy, gradient norm², balance loss, stop requests, failures
   k_.download(local, scalars_, 2 * sizeof(double));
   local[2] = balance_loss_;
   local[3] = stop_flag_ && stop_flag_->load() != 0 ? 1.0 : 0.0;
-  double global[4];
+  local[4] = failure_flag_ && failure_flag_->load() != 0 ? 1.0 : 0.0;
+  double global[5];
   MPI_Request r;
-  MPI_CHECK(MPI_Iallreduce(local, global, 4, MPI_DOUBLE, MPI_SUM, world_, &r));
+  MPI_CHECK(MPI_Iallreduce(local, global, 5, MPI_DOUBLE, MPI_SUM, world_, &r));
   int flag = 0, round = 0;
   while (true) {
     MPI_CHECK(MPI_Test(&r, &flag, MPI_STATUS_IGNORE));
@@ -510,6 +513,7 @@ void Executor::run_step_sync(const Instr& in) {
   metrics_.balance_loss = global[2];
   metrics_.grad_norm = std::sqrt(global[1]);
   metrics_.stop_requested = global[3] > 0;
+  metrics_.failure_reported = global[4] > 0;
   // A NaN or infinity on any rank makes the sums non-finite on every rank alike.
   metrics_.finite = std::isfinite(global[0]) && std::isfinite(global[1]) && std::isfinite(global[2]);
   skip_update_ = !metrics_.finite;

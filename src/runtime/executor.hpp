@@ -29,6 +29,7 @@ struct StepMetrics {
   double lr = 0;
   bool finite = true;          // loss and gradient norm were finite; when not, no rank applied the update
   bool stop_requested = false; // some rank's stop flag was set when it entered the step sync
+  bool failure_reported = false;  // some rank's failure flag was set when it entered the step sync
 };
 
 
@@ -46,8 +47,20 @@ class Executor {
   // A flag any thread (or a signal handler) may set; the step sync sums it over all ranks, so every rank
   // sees the same `stop_requested` at the same step.
   void watch_stop_flag(const std::atomic<int>* flag) { stop_flag_ = flag; }
+  // The same for a failure outside the executor (an output file that cannot be written): `failure_reported`.
+  void watch_failure_flag(const std::atomic<int>* flag) { failure_flag_ = flag; }
+  // Arms the watchdog (when the job has one) over a transfer outside the steps, `what` of `bytes` (a
+  // checkpoint save or load), until end_transfer(). Its limit grows with the bytes (watchdog.hpp).
+  void watch_transfer(const std::string& what, double bytes) {
+    if (watchdog_) watchdog_->arm_transfer(what, bytes);
+  }
+  void end_transfer() {
+    if (watchdog_) watchdog_->disarm();
+  }
 
   const Plan& plan() const { return plan_; }
+  // The token file this run reads, as it was when the run opened it (empty hash for synthetic data).
+  const FileIdentity& data_identity() const { return data_identity_; }
   BufferStore& buffers() { return store_; }
   Backend& backend() { return backend_; }
   MPI_Comm world() const { return world_; }
@@ -101,6 +114,7 @@ class Executor {
   MPI_Comm world_;
   BufferStore store_;
   std::unique_ptr<DataLoader> data_;
+  FileIdentity data_identity_;  // the token file as this rank opened it at start
   std::vector<std::unique_ptr<Communicator>> groups_;  // by index into plan.groups
   std::vector<size_t> group_order_;                    // indices into groups_, in the order they were made
   std::unique_ptr<Communicator> p2p_;
@@ -117,6 +131,7 @@ class Executor {
   double clip_scale_ = 1;
   bool skip_update_ = false;  // the step's loss or gradient norm is not finite: updates do nothing
   const std::atomic<int>* stop_flag_ = nullptr;
+  const std::atomic<int>* failure_flag_ = nullptr;
   double balance_loss_ = 0;  // host: this rank's balance losses of the step
   double lr_ = 0;
   StepMetrics metrics_;

@@ -109,6 +109,18 @@ Watchdog::~Watchdog() {
 void Watchdog::arm(int64_t step) {
   step_.store(step, std::memory_order_relaxed);
   armed_at_.store(now_seconds(), std::memory_order_relaxed);
+  transfer_.store(false, std::memory_order_relaxed);
+  armed_.store(true, std::memory_order_release);
+}
+
+void Watchdog::arm_transfer(const std::string& what, double bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    transfer_what_ = what;
+  }
+  transfer_limit_s_.store(timeout_s_ + std::max(0.0, bytes) / kSlowestTransferBytesPerSecond, std::memory_order_relaxed);
+  armed_at_.store(now_seconds(), std::memory_order_relaxed);
+  transfer_.store(true, std::memory_order_relaxed);
   armed_.store(true, std::memory_order_release);
 }
 
@@ -129,6 +141,12 @@ void Watchdog::main() {
     polled = now;
     answer_notices();
     if (!armed_.load(std::memory_order_acquire)) continue;
+    if (transfer_.load(std::memory_order_relaxed)) {  // a save or load: its whole time counts, not progress
+      const double elapsed = now_seconds() - std::max(resumed, armed_at_.load(std::memory_order_relaxed));
+      if (elapsed >= transfer_limit_s_.load(std::memory_order_relaxed) && armed_.load(std::memory_order_acquire))
+        fire_transfer(elapsed);
+      continue;
+    }
     double last = std::max(resumed, armed_at_.load(std::memory_order_relaxed));
     for (const FlightRecorder* r : streams_) last = std::max(last, r->last_end());
     const double idle = now_seconds() - last;
@@ -145,9 +163,15 @@ void Watchdog::answer_notices() {
     if (!flag) return;
     int from = -1;
     MPI_CHECK(MPI_Recv(&from, 1, MPI_INT, st.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE));
-    if (!printed_)
+    if (!printed_) {
+      std::string during = armed_.load() ? "" : " (between steps)";
+      if (armed_.load() && transfer_.load()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        during = cat(" (during ", transfer_what_, ")");
+      }
       print(cat("watchdog: the watchdog of rank ", from, " fired; the job ends. What this rank was doing, step ",
-                step_.load(std::memory_order_relaxed), armed_.load() ? "" : " (between steps)", ":"));
+                step_.load(std::memory_order_relaxed), during, ":"));
+    }
   }
 }
 
@@ -162,6 +186,31 @@ void Watchdog::fire(double idle_s) {
   if (!printed_) print(headline);
   else std::fprintf(stderr, "piper: rank %d: %s\n", rank_, headline.c_str());
   std::fflush(stderr);
+  end_job();
+}
+
+void Watchdog::fire_transfer(double elapsed_s) {
+  std::string what;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    what = transfer_what_;
+  }
+  char elapsed[32], limit[32], timeout[32];
+  std::snprintf(elapsed, sizeof(elapsed), "%.1f", elapsed_s);
+  std::snprintf(limit, sizeof(limit), "%.1f", transfer_limit_s_.load());
+  std::snprintf(timeout, sizeof(timeout), "%g", timeout_s_);
+  const std::string headline =
+      cat("watchdog: ", what, " has not ended on this rank after ", elapsed, " s (its limit: ", limit,
+          " s, job.watchdog_s = ", timeout, " plus its bytes at ", kSlowestTransferBytesPerSecond / 1e6,
+          " MB/s). A rank stopped, a peer never answered or the file system hangs; ending the job with exit code ",
+          int(kExitHung), ".");
+  if (!printed_) print(headline);
+  else std::fprintf(stderr, "piper: rank %d: %s\n", rank_, headline.c_str());
+  std::fflush(stderr);
+  end_job();
+}
+
+void Watchdog::end_job() {
   // Ask every other rank to print its recorders too (a stopped rank cannot); the notices are never waited for.
   std::vector<MPI_Request> sent(size_t(size_), MPI_REQUEST_NULL);
   for (int r = 0; r < size_; ++r)

@@ -1,5 +1,6 @@
 // The watchdog: a thread per rank that ends the job (exit code 5) when no instruction finished on this rank for
-// job.watchdog_s seconds during a step, after printing every stream's flight recorder here and on the other ranks.
+// job.watchdog_s seconds during a step, or a save or load outlasts its limit, after printing every stream's
+// flight recorder here and on the other ranks.
 #pragma once
 #include <mpi.h>
 
@@ -28,11 +29,17 @@ class Watchdog {
   // A step starts (progress is counted from now) and ends; between steps the watchdog only answers notices.
   void arm(int64_t step);
   void disarm();
+  // A transfer (a checkpoint save or load, `what` names it) of `bytes` starts: it must end within
+  // timeout_s + bytes / kSlowestTransferBytesPerSecond; disarm() when it ended.
+  void arm_transfer(const std::string& what, double bytes);
+  static constexpr double kSlowestTransferBytesPerSecond = 20e6;
 
  private:
   void main();
   void answer_notices();
   [[noreturn]] void fire(double idle_s);
+  [[noreturn]] void fire_transfer(double elapsed_s);
+  [[noreturn]] void end_job();
   void print(const std::string& headline);
 
   const Plan& plan_;
@@ -42,6 +49,9 @@ class Watchdog {
   const double timeout_s_;
   int rank_ = 0, size_ = 1;
   std::atomic<bool> armed_{false};
+  std::atomic<bool> transfer_{false};  // armed over a transfer, not a step
+  std::atomic<double> transfer_limit_s_{0};
+  std::string transfer_what_;           // under mu_
   std::atomic<double> armed_at_{0};
   std::atomic<int64_t> step_{0};
   bool printed_ = false;  // this rank's recorders went to stderr already

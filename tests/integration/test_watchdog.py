@@ -2,9 +2,13 @@
 DP2 job ends the whole job within watchdog_s + 15 s with exit code 5, and stderr holds the watchdog's message
 (naming job.watchdog_s) and the flight recorder of a rank that still runs, naming its unfinished instruction.
 A healthy job with watchdog_s = 2 (checkpoints included) finishes with exit code 0 and no word of the watchdog.
-Every wait is bounded: the script never hangs, whatever the build does."""
+A rank held inside a checkpoint save (its checkpoint write delayed by strace's fault injection, as a stopped
+rank or a hung file system would) ends the job the same way, within the save's own limit, and the message
+names the save. Every wait is bounded: the script never hangs, whatever the build does."""
+import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -96,6 +100,35 @@ def expect_watchdog(d, name, ranks, stop_rank, sets):
           f"{unfinished[0][len('piper: '):][:90]}")
 
 
+def held_in_save(d):
+    """Rank 1's first pwrite (its share of the step-10 checkpoint) waits 60 s; the watchdog must end the job."""
+    if not shutil.which("strace"):
+        fail("strace is not installed (tools/install-deps.sh installs it)")
+    wrapper = write(d, "hold-rank1.sh", '#!/usr/bin/env bash\n# rank 1 runs under strace, its writes delayed\n'
+                    'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then\n'
+                    '  exec strace -f -qq -o /dev/null -e trace=pwrite64 -e inject=pwrite64:delay_enter=60s "$@"\n'
+                    'fi\nexec "$@"\n')
+    os.chmod(wrapper, 0o755)
+    ck = os.path.join(d, "ck-held")
+    cfg = write(d, "held.toml", tiny_gpt(name="held", steps=40, layers=2, batch=8) +
+                f'\n[checkpoint]\ndir = "{ck}"\nevery = 10\n')
+    cmd = ["mpirun", "-np", "2", wrapper, PIPER, "--config", cfg, "--set", f"job.watchdog_s={WATCHDOG_S}",
+           "--set", "mesh.dp=2"]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=END_WITHIN + 20)
+    except subprocess.TimeoutExpired as e:
+        fail(f"a rank held in a save: the job still ran after {END_WITHIN + 20} s\nstderr:\n{e.stderr}")
+    seconds = time.time() - t0
+    fired = [l for l in p.stderr.splitlines() if "watchdog: the save of checkpoint step 10 has not ended" in l]
+    if p.returncode != 5 or not fired or "job.watchdog_s = 3" not in fired[0]:
+        fail(f"a rank held in a save: exit {p.returncode} after {seconds:.1f} s, expected 5 with the watchdog "
+             f"naming the save of step 10\nstderr:\n{p.stderr}")
+    if glob.glob(os.path.join(ck, "step_00000010.h5")):
+        fail("a rank held in a save: the unfinished checkpoint got its final name")
+    print(f"ok  {'DP2, rank 1 held in a save':34s} exit 5 in {seconds:4.1f} s: {fired[0][len('piper: '):][:90]}")
+
+
 def main():
     d = tempdir()
     # A healthy job: steps take milliseconds, the checkpoints between them do not count; nothing fires.
@@ -110,6 +143,7 @@ def main():
     # The last pipeline stage stops: the first waits for its gradients. Then a data-parallel replica stops.
     expect_watchdog(d, "PP2, rank 1 stopped", 2, 1, ["--set", "mesh.pp=2", "--set", "mesh.microbatches=2"])
     expect_watchdog(d, "DP2, rank 0 stopped", 2, 0, ["--set", "mesh.dp=2"])
+    held_in_save(d)
 
 
 if __name__ == "__main__":
