@@ -55,5 +55,6 @@ bundle:
 bundle-check: bundle
 	@tools/gpu-bundle-check.sh
 
+# rm -rf --one-file-system, refused (nothing deleted) while anything is mounted below a folder (tools/rootfs-lib.sh).
 clean:
-	rm -rf $(BUILD) $(SANITIZE_BUILD) $(FUZZ_BUILD)
+	bash tools/rootfs-lib.sh remove $(BUILD) $(SANITIZE_BUILD) $(FUZZ_BUILD)

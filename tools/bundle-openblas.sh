@@ -8,7 +8,9 @@ DIR=${1:-build-bundle/openblas}
 # Debian 12's openblas source package; the .dsc is pinned, the tarballs are checked against its SHA-256 sums.
 VERSION=0.3.21+ds-4
 DSC_SHA256=2faed37b360c6d2a31e82032f8278d29bbec19d99425de2ce501614dff4e5880
-POOL=${DEBIAN_POOL:-http://deb.debian.org/debian/pool/main/o/openblas}
+# shellcheck source=tools/rootfs-lib.sh
+. tools/rootfs-lib.sh
+POOL=${DEBIAN_POOL:-$(rootfs_mirror bookworm)/pool/main/o/openblas}  # the machine's configured Debian mirror
 # The bundle's binaries need AVX2 (x86-64-v3), so only AVX2 and AVX-512 cores: Haswell and later Intel, Zen 1-3,
 # Skylake-X/Cascade Lake (AVX-512), Cooper Lake kernels for every CPU with AVX512-BF16 (OpenBLAS 0.3.21 runs
 # Sapphire/Emerald Rapids and Zen 4 on them). PRESCOTT is always in; a CPU it does not know gets the best of
@@ -26,7 +28,7 @@ installed=$(dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/null || tr
 [ "$installed" = "$VERSION" ] ||
   echo "bundle-openblas: the system has OpenBLAS ${installed:-(none)}, the bundle's is built from $VERSION" >&2
 
-rm -rf "$DIR"
+rootfs_remove "$DIR"  # refuses while anything is mounted below DIR
 mkdir -p "$DIR/dl"
 dsc="openblas_$VERSION.dsc"
 fetch() { curl -fsSL --retry 3 -o "$DIR/dl/$1" "$POOL/$1" || { echo "bundle-openblas: cannot download $POOL/$1" >&2; exit 1; }; }
@@ -60,6 +62,6 @@ strip --strip-unneeded "$LIB.tmp"
 [ "$(readelf -d "$LIB.tmp" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')" = libopenblas.so.0 ] ||
   { echo "bundle-openblas: $LIB.tmp lacks the soname libopenblas.so.0" >&2; exit 1; }
 mv "$LIB.tmp" "$LIB"
-rm -rf "$SRC" "$DIR/dl"
+rootfs_remove "$SRC" "$DIR/dl"
 echo "$STAMP" > "$DIR/stamp"
 echo "$LIB"

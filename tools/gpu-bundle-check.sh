@@ -3,6 +3,8 @@
 # this project's packages (debootstrap minbase; the CUDA toolkit's libraries bound in read-only, as the GPU
 # image has them) and runs piper --version, the unit tests and a 2-rank CPU job with the bundled mpirun.
 # Usage: tools/gpu-bundle-check.sh [BUNDLE.tar.xz]   (default build-bundle/piper-gpu.tar.xz; needs root)
+#        env: BUNDLE_ROOTFS (the root, build-bundle/rootfs). On exit it ends what still runs in the root and
+#        unmounts it (tools/rootfs-lib.sh); it fails, naming them, when mounts are left there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARBALL=$(realpath "${1:-build-bundle/piper-gpu.tar.xz}")
@@ -11,23 +13,34 @@ CUDA_DIR=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 [ -f "$TARBALL" ] || { echo "gpu-bundle-check: no bundle at $TARBALL; run tools/gpu-bundle.sh first" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "gpu-bundle-check: needs root (debootstrap, chroot, mounts)" >&2; exit 2; }
 
+# shellcheck source=tools/rootfs-lib.sh
+. tools/rootfs-lib.sh
+# Whatever an earlier run left running or mounted in the root goes first; nothing in it is deleted while
+# anything is still mounted there (rootfs_remove refuses).
+release() {
+  rootfs_release "$ROOTFS" ||
+    { echo "gpu-bundle-check: $ROOTFS still has mounts (above); unmount them before deleting it" >&2; exit 1; }
+}
+release
+trap release EXIT
+trap 'exit 130' INT TERM HUP
 if [ ! -x "$ROOTFS/bin/bash" ]; then
   command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y debootstrap >/dev/null
-  rm -rf "$ROOTFS"
-  debootstrap --variant=minbase bookworm "$ROOTFS" http://deb.debian.org/debian > "$ROOTFS.log" 2>&1 ||
+  rootfs_remove "$ROOTFS"
+  MIRROR=$(rootfs_mirror bookworm)  # the machine's configured Debian mirror
+  echo "gpu-bundle-check: debootstrap bookworm from $MIRROR into $ROOTFS"
+  mkdir -p "$(dirname "$ROOTFS")"
+  debootstrap --variant=minbase bookworm "$ROOTFS" "$MIRROR" > "$ROOTFS.log" 2>&1 ||
     { tail -20 "$ROOTFS.log"; exit 1; }
 fi
-rm -rf "$ROOTFS/opt/piper-gpu"
+rootfs_remove "$ROOTFS/opt/piper-gpu"
 tar -C "$ROOTFS/opt" -xJf "$TARBALL"
-mkdir -p "$ROOTFS$CUDA_DIR" "$ROOTFS/dev" "$ROOTFS/proc"
-mounts=()
-cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; --i)); do umount "${mounts[$i]}" 2>/dev/null || true; done; }
-trap cleanup EXIT
-mount --bind /dev "$ROOTFS/dev" && mounts+=("$ROOTFS/dev")
-mount -t proc proc "$ROOTFS/proc" && mounts+=("$ROOTFS/proc")
-mkdir -p "$ROOTFS/sys"
-mount --bind /sys "$ROOTFS/sys" && mounts+=("$ROOTFS/sys")  # hwloc reads the CPU topology there
-mount --bind -o ro "$CUDA_DIR" "$ROOTFS$CUDA_DIR" && mounts+=("$ROOTFS$CUDA_DIR")
+mkdir -p "$ROOTFS$CUDA_DIR" "$ROOTFS/dev" "$ROOTFS/proc" "$ROOTFS/sys"
+# A failed mount ends the script (set -e); the EXIT trap takes down whatever is mounted by then.
+mount --bind /dev "$ROOTFS/dev"
+mount -t proc proc "$ROOTFS/proc"
+mount --bind /sys "$ROOTFS/sys"  # hwloc reads the CPU topology there
+mount --bind -o ro "$CUDA_DIR" "$ROOTFS$CUDA_DIR"
 [ "$CUDA_DIR" = /usr/local/cuda ] || { mkdir -p "$ROOTFS/usr/local"; ln -sfn "$CUDA_DIR" "$ROOTFS/usr/local/cuda"; }
 
 chroot "$ROOTFS" /bin/bash -c '

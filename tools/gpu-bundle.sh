@@ -27,7 +27,9 @@ cmake --build "$BUILD" -j "$(nproc)" --target piper piper_cuda piper_tests sgemm
 # a single-precision BLAS built from the same source package instead (once; cached under build-bundle/).
 BLAS=$(tools/bundle-openblas.sh "${BUNDLE_OPENBLAS:-build-bundle/openblas}")
 
-rm -rf "$OUT"
+# shellcheck source=tools/rootfs-lib.sh
+. tools/rootfs-lib.sh
+rootfs_remove "$OUT"  # refuses while anything is mounted below OUT (a chroot root left there, say)
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/configs" "$OUT/data" "$OUT/tools"
 # piper loads its CUDA backend from its own folder (libpiper_cuda.so); the unit tests link it in.
 cp "$BUILD/piper" "$BUILD/libpiper_cuda.so" "$BUILD/tests/piper_tests" "$BUILD/bench/sgemm_peak" "$OUT/bin/"
