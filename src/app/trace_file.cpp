@@ -23,13 +23,6 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-const char* category(Op op) {
-  if (op_is_compute(op)) return "compute";
-  if (op == Op::Update || op == Op::StepSync) return "optimizer";
-  if (op == Op::Send || op == Op::Recv) return "p2p";
-  return "collective";
-}
-
 // Same id on both ends of a message: step, sender, tag.
 unsigned long long flow_id(int64_t step, int sender, int tag) {
   return (static_cast<unsigned long long>(step) << 40) ^ (static_cast<unsigned long long>(sender) << 24) ^
@@ -55,7 +48,7 @@ void write_trace(const std::string& path, Executor& ex, const std::vector<TraceE
     const Instr& in = p.instrs[size_t(e.instr)];
     const double ts = e.start * 1e6, dur = std::max(0.0, e.end - e.start) * 1e6;
     std::snprintf(buf, sizeof(buf), "\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d", ts, dur, rank, int(in.stream));
-    out += cat("{\"name\":\"", json_escape(instr_label(p, in)), "\",\"cat\":\"", category(in.op), "\",\"ph\":\"X\",", buf,
+    out += cat("{\"name\":\"", json_escape(instr_label(p, in)), "\",\"cat\":\"", op_info(in.op).trace_category, "\",\"ph\":\"X\",", buf,
                ",\"args\":{\"step\":", e.step + 1, ",\"instr\":", e.instr, ",\"node\":", in.node, ",\"mb\":", in.mb,
                "}},\n");
     if (in.op == Op::Send || in.op == Op::Recv) {

@@ -1,7 +1,6 @@
 // Cost model rates and per-instruction durations (see cost.hpp).
 #include "compile/cost.hpp"
 
-#include "runtime/timeline.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -32,25 +31,17 @@ std::string CostModel::describe() const {
 }
 
 double CostModel::seconds(const Plan& p, const Instr& in, int group_size, double share) const {
-  switch (in.op) {
-    case Op::Forward:
-    case Op::BackwardInput:
-    case Op::BackwardWeight:
-    case Op::Backward: {
-      const double factor = in.op == Op::Forward ? 1.0 : (in.op == Op::Backward ? 2.0 : 1.0);
-      if (uniform) return factor * share;
-      const double f = p.segments[size_t(in.segment)].fwd_flops_per_sample * in.samples * factor;
-      return f / flops;
+  const OpInfo& op = op_info(in.op);
+  switch (op.kind) {
+    case OpKind::Compute: {
+      if (uniform) return op.flops_factor * share;
+      return p.segments[size_t(in.segment)].fwd_flops_per_sample * in.samples * op.flops_factor / flops;
     }
-    case Op::Update:
-      return uniform ? 0.0 : double(in.count) * 4 * sizeof(float) / memory_bandwidth;
-    case Op::StepSync: return uniform ? 0.0 : latency;
-    case Op::Send:
-    case Op::Recv: return uniform ? 0.0 : latency + double(in.count) * sizeof(float) / p2p_bandwidth;
-    case Op::AllReduce:
-    case Op::ReduceScatter:
-    case Op::AllGather:
-    case Op::AllToAll:
+    case OpKind::Update: return uniform ? 0.0 : double(in.count) * 4 * sizeof(float) / memory_bandwidth;
+    case OpKind::StepSync: return uniform ? 0.0 : latency;
+    case OpKind::PointToPoint: return uniform ? 0.0 : latency + double(in.count) * sizeof(float) / p2p_bandwidth;
+    case OpKind::Collective:
+    case OpKind::AllToAll:
       if (uniform || group_size <= 1) return 0.0;
       return latency * (group_size - 1) + instr_send_bytes(in, group_size) / collective_bandwidth;
   }

@@ -119,8 +119,8 @@ class Simulator {
     for (size_t s = 0; s < b_.size(); ++s)
       for (size_t i = 0; i < b_[s].instrs.size(); ++i) {
         const Instr& in = b_[s].instrs[i];
-        const bool collective = in.op == Op::AllReduce || in.op == Op::ReduceScatter || in.op == Op::AllGather ||
-                                in.op == Op::StepSync;
+        const OpKind kind = op_info(in.op).kind;
+        const bool collective = kind == OpKind::Collective || kind == OpKind::StepSync;
         if (!collective) continue;
         const GroupRef& g = b_[s].groups[size_t(in.group)];
         if (g.kind == GroupRef::Kind::DeviceSet) continue;
@@ -233,7 +233,7 @@ class Simulator {
         const Instr& in = b_[s].instrs[i];
         sim.spans[s].push_back({int32_t(i), time_[start(r)], time_[end(r)]});
         sim.step_time = std::max(sim.step_time, time_[end(r)]);
-        if (op_is_compute(in.op) || in.op == Op::Update) sim.busy[s] += duration_[id(r)];
+        if (op_is_compute(in.op) || op_info(in.op).kind == OpKind::Update) sim.busy[s] += duration_[id(r)];
       }
     for (size_t s = 0; s < b_.size(); ++s)
       sim.bubble[s] = sim.step_time > 0 ? std::max(0.0, 1.0 - sim.busy[s] / sim.step_time) : 0.0;

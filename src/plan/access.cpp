@@ -1,73 +1,61 @@
-// Which buffers each instruction reads and writes: the basis of cross-stream waits, buffer lifetimes and
-// the executor's allocation at first use.
+// Which buffers each instruction reads and writes (the basis of cross-stream waits, buffer lifetimes and
+// the executor's allocation at first use) and the bytes it sends, from its op's row of the op table.
 #include <algorithm>
+#include <utility>
 
 #include "plan/plan.hpp"
 
 namespace piper {
 
+namespace {
+
+// Calls fn(buffer) for every buffer of `in` in the roles `roles` (Operand bits).
+template <typename Fn>
+void for_operands(const Instr& in, uint32_t roles, Fn&& fn) {
+  const std::pair<uint32_t, int32_t> single[] = {
+      {kOperandIn, in.in},   {kOperandOut, in.out}, {kOperandStash, in.stash}, {kOperandWStash, in.wstash},
+      {kOperandDout, in.dout}, {kOperandDin, in.din}, {kOperandLink, in.link},   {kOperandBuf, in.buf},
+      {kOperandSrc, in.src}, {kOperandTmp, in.tmp}, {kOperandM, in.m},         {kOperandV, in.v}};
+  for (const auto& [role, b] : single)
+    if ((roles & role) && b >= 0) fn(b);
+  if (roles & kOperandParams)
+    for (int32_t b : in.pbuf)
+      if (b >= 0) fn(b);
+  if (roles & kOperandGrads)
+    for (int32_t b : in.gbuf)
+      if (b >= 0) fn(b);
+  if (roles & kOperandSpans)
+    for (const Span& s : in.spans)
+      if (s.buf >= 0) fn(s.buf);
+}
+
+void sort_unique(std::vector<int32_t>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+}  // namespace
+
 void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<int32_t>& writes) {
   reads.clear();
   writes.clear();
-  auto r = [&](int32_t b) { if (b >= 0) reads.push_back(b); };
-  auto w = [&](int32_t b) { if (b >= 0) writes.push_back(b); };
-  if (op_is_compute(in.op)) {  // a linked stash is read and written by every pass
-    r(in.link);
-    w(in.link);
+  const OpInfo& op = op_info(in.op);
+  for_operands(in, op.reads, [&](int32_t b) { reads.push_back(b); });
+  for_operands(in, op.writes, [&](int32_t b) { writes.push_back(b); });
+  sort_unique(reads);
+  sort_unique(writes);
+}
+
+double instr_send_bytes(const Instr& in, int n) {
+  const double elem = sizeof(float);
+  switch (op_info(in.op).send) {
+    case SendRule::None: return 0;
+    case SendRule::Message: return double(in.count) * elem;
+    case SendRule::RingAllReduce: return n > 1 ? 2.0 * (n - 1) / n * double(in.count) * elem : 0;
+    case SendRule::PerRankCount: return double(n - 1) * double(in.count) * elem;
+    case SendRule::RowsBound: return n > 1 ? double(n - 1) / n * double(in.rows) * double(in.count) * elem : 0;
   }
-  switch (in.op) {
-    case Op::Forward:
-      r(in.in);
-      for (int32_t b : in.pbuf) r(b);
-      w(in.out);
-      w(in.stash);
-      break;
-    case Op::Backward:
-    case Op::BackwardInput:
-      r(in.in);
-      r(in.dout);
-      for (int32_t b : in.pbuf) r(b);
-      w(in.stash);  // heads turn probabilities into logit gradients in place
-      w(in.din);
-      w(in.wstash);
-      for (int32_t b : in.gbuf) w(b);
-      break;
-    case Op::BackwardWeight:
-      r(in.in);
-      r(in.stash);
-      r(in.dout);
-      r(in.wstash);
-      for (int32_t b : in.gbuf) w(b);
-      break;
-    case Op::Update:
-      r(in.src);
-      w(in.buf);
-      w(in.m);
-      w(in.v);
-      break;
-    case Op::Send: r(in.buf); break;
-    case Op::Recv: w(in.buf); break;
-    case Op::AllReduce: w(in.buf); break;
-    case Op::ReduceScatter:
-      r(in.src);
-      w(in.buf);
-      w(in.tmp);
-      break;
-    case Op::AllGather:
-    case Op::AllToAll:
-      r(in.src);
-      w(in.buf);
-      break;
-    case Op::StepSync:
-      for (const auto& s : in.spans) r(s.buf);
-      break;
-  }
-  auto dedupe = [](std::vector<int32_t>& v) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-  };
-  dedupe(reads);
-  dedupe(writes);
+  return 0;
 }
 
 }  // namespace piper

@@ -337,6 +337,7 @@ class PlanCheck {
 
   void instruction(size_t i) {
     const Instr& in = p_.instrs[i];
+    require(size_t(in.op) < kOpCount, "unknown op ", int(in.op));
     index(in.stream, p_.streams.size(), "stream");
     // Every index field is none or in range, whatever the op reads (printers and traces read them all).
     optional(in.segment, p_.segments.size(), "segment");

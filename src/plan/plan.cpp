@@ -9,33 +9,6 @@
 
 namespace piper {
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::Forward: return "forward";
-    case Op::Backward: return "backward";
-    case Op::BackwardInput: return "backward_input";
-    case Op::BackwardWeight: return "backward_weight";
-    case Op::Update: return "update";
-    case Op::Send: return "send";
-    case Op::Recv: return "recv";
-    case Op::AllReduce: return "all_reduce";
-    case Op::ReduceScatter: return "reduce_scatter";
-    case Op::AllGather: return "all_gather";
-    case Op::AllToAll: return "all_to_all";
-    case Op::StepSync: return "step_sync";
-  }
-  return "?";
-}
-
-bool op_is_compute(Op op) {
-  return op == Op::Forward || op == Op::Backward || op == Op::BackwardInput || op == Op::BackwardWeight;
-}
-
-bool op_is_async(Op op) {
-  return op == Op::Send || op == Op::Recv || op == Op::AllReduce || op == Op::ReduceScatter || op == Op::AllGather ||
-         op == Op::AllToAll;
-}
-
 const char* buffer_kind_name(BufferKind k) {
   switch (k) {
     case BufferKind::Param: return "parameters";
@@ -78,20 +51,19 @@ std::vector<int32_t> Plan::group_ranks(const GroupRef& g) const {
 }
 
 std::string instr_label(const Plan& p, const Instr& in) {
-  auto seg = [&] { return in.segment >= 0 ? p.segments[size_t(in.segment)].name : std::string(); };
-  switch (in.op) {
-    case Op::Forward: return cat("F ", seg(), " mb", in.mb);
-    case Op::Backward: return cat("B ", seg(), " mb", in.mb);
-    case Op::BackwardInput: return cat("BI ", seg(), " mb", in.mb);
-    case Op::BackwardWeight: return cat("BW ", seg(), " mb", in.mb);
-    case Op::Update: return cat("UPDATE bucket", in.bucket);
-    case Op::StepSync: return "STEP_SYNC";
-    case Op::Send: return cat("SEND ", p.buffers[size_t(in.buf)].name, " -> rank ", p.peer_rank(in.peer_set));
-    case Op::Recv: return cat("RECV ", p.buffers[size_t(in.buf)].name, " <- rank ", p.peer_rank(in.peer_set));
-    case Op::AllReduce: return cat("ALL_REDUCE bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
-    case Op::ReduceScatter: return cat("REDUCE_SCATTER bucket", in.bucket, in.mb >= 0 ? cat(" mb", in.mb) : "");
-    case Op::AllGather: return cat("ALL_GATHER bucket", in.bucket);
-    case Op::AllToAll: return cat("ALL_TO_ALL ", p.buffers[size_t(in.src)].name, " -> ", p.buffers[size_t(in.buf)].name);
+  const OpInfo& op = op_info(in.op);
+  auto buffer = [&](int32_t b) { return b >= 0 ? p.buffers[size_t(b)].name : std::string("?"); };
+  switch (op.kind) {
+    case OpKind::Compute:
+      return cat(op.label, " ", in.segment >= 0 ? p.segments[size_t(in.segment)].name : std::string(), " mb", in.mb);
+    case OpKind::Update: return cat(op.label, " bucket", in.bucket);
+    case OpKind::StepSync: return op.label;
+    case OpKind::PointToPoint:
+      return cat(op.label, " ", buffer(in.buf), in.op == Op::Send ? " -> rank " : " <- rank ", p.peer_rank(in.peer_set));
+    case OpKind::Collective:
+      if (in.op == Op::AllReduce) return cat(op.label, " bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
+      return cat(op.label, " bucket", in.bucket, in.op == Op::ReduceScatter && in.mb >= 0 ? cat(" mb", in.mb) : "");
+    case OpKind::AllToAll: return cat(op.label, " ", buffer(in.src), " -> ", buffer(in.buf));
   }
   return "?";
 }

@@ -8,24 +8,12 @@
 
 #include "data/data.hpp"
 #include "model/model.hpp"
+#include "plan/op_table.hpp"
 #include "plan/optimizer_config.hpp"
 
 namespace piper {
 
 constexpr uint32_t kPlanVersion = 5;
-
-enum class Op : uint8_t {
-  Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
-  Update,                                            // AdamW on a bucket's owned range
-  Send, Recv,                                        // point-to-point (posted, completed later)
-  AllReduce, ReduceScatter, AllGather,               // collectives on a group
-  AllToAll,                                          // counted rows exchanged inside a group (sharded segments)
-  StepSync,                                          // all ranks: sum of [grad norm², loss]; sets the clip scale
-};
-const char* op_name(Op op);
-bool op_is_compute(Op op);
-// Posted now, complete later (point-to-point and collectives other than the step sync).
-bool op_is_async(Op op);
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -176,8 +164,10 @@ struct Plan {
   int peer_rank(int peer_set) const { return sets[size_t(peer_set)][size_t(replica)]; }
 };
 
-// Buffers an instruction reads and writes (sorted, unique).
+// Buffers an instruction reads and writes (sorted, unique): its op's operand roles (op_table.hpp).
 void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<int32_t>& writes);
+// Bytes this rank sends for `in` in a group of `group_size` ranks (its op's SendRule).
+double instr_send_bytes(const Instr& in, int group_size);
 
 // Serialization: body and job-wide part together; the binding separately so bodies are shared.
 std::vector<uint8_t> serialize_plan(const Plan& plan);

@@ -52,18 +52,6 @@ StepTimes& StepTimes::operator+=(const StepTimes& o) {
   return *this;
 }
 
-double instr_send_bytes(const Instr& in, int n) {
-  const double elem = sizeof(float);
-  switch (in.op) {
-    case Op::Send: return double(in.count) * elem;
-    case Op::AllReduce: return n > 1 ? 2.0 * (n - 1) / n * double(in.count) * elem : 0;
-    case Op::ReduceScatter:
-    case Op::AllGather: return double(n - 1) * double(in.count) * elem;  // count is per rank
-    case Op::AllToAll: return n > 1 ? double(n - 1) / n * double(in.rows) * double(in.count) * elem : 0;  // a bound
-    default: return 0;
-  }
-}
-
 StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, double step_start, double step_end,
                      const std::vector<int>& group_sizes) {
   std::vector<Interval> compute, comm, exchange;
@@ -72,10 +60,11 @@ StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, do
     const Instr& in = plan.instrs[size_t(e.instr)];
     if (op_is_async(in.op)) {
       comm.push_back({e.start, e.end});
-      if (in.op == Op::AllToAll) exchange.push_back({e.start, e.end});
+      const OpKind kind = op_info(in.op).kind;
+      if (kind == OpKind::AllToAll) exchange.push_back({e.start, e.end});
       const double b = instr_send_bytes(in, in.group >= 0 ? group_sizes[size_t(in.group)] : 2);
-      (in.op == Op::Send || in.op == Op::Recv ? t.p2p_bytes : t.collective_bytes) += b;
-    } else if (in.op != Op::StepSync) {
+      (kind == OpKind::PointToPoint ? t.p2p_bytes : t.collective_bytes) += b;
+    } else if (op_info(in.op).kind != OpKind::StepSync) {
       compute.push_back({e.start, e.end});
     }
   }

@@ -31,8 +31,4 @@ struct StepTimes {
 StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, double step_start, double step_end,
                      const std::vector<int>& group_sizes);
 
-// Bytes one rank sends for an instruction under ring algorithms (all-reduce 2(n-1)/n·S, reduce-scatter and
-// all-gather (n-1)/n·S, point-to-point S), where S is the full payload.
-double instr_send_bytes(const Instr& in, int group_size);
-
 }  // namespace piper
