@@ -334,21 +334,37 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
 }  // namespace
 
 const SegmentType& moe_dispatch_type() {
-  static const SegmentType t{"qwen3.moe_dispatch", DataSlot::None, true, false, dispatch_sizes, dispatch_forward,
-                             dispatch_backward_input, dispatch_backward_weight, nullptr, nullptr, true};
+  static const SegmentType t{
+      .name = "qwen3.moe_dispatch",
+      .sizes = dispatch_sizes,
+      .forward = dispatch_forward,
+      .backward_input = dispatch_backward_input,
+      .backward_weight = dispatch_backward_weight,
+      .adds_balance_loss = true,
+  };
   return t;
 }
 
 const SegmentType& moe_experts_type() {
-  static const SegmentType t{"qwen3.moe_experts", DataSlot::None, true, false, experts_sizes, experts_forward,
-                             experts_backward_input, experts_backward_weight, nullptr, nullptr, false, 0,
-                             [](const ModelDims& d) { return d.moe_experts; }};
+  static const SegmentType t{
+      .name = "qwen3.moe_experts",
+      .sizes = experts_sizes,
+      .forward = experts_forward,
+      .backward_input = experts_backward_input,
+      .backward_weight = experts_backward_weight,
+      .shard_units = [](const ModelDims& d) { return d.moe_experts; },
+  };
   return t;
 }
 
 const SegmentType& moe_combine_type() {
-  static const SegmentType t{"qwen3.moe_combine", DataSlot::None, true, false, combine_sizes, combine_forward,
-                             combine_backward_input, nullptr, nullptr, nullptr, false, -2};
+  static const SegmentType t{
+      .name = "qwen3.moe_combine",
+      .sizes = combine_sizes,
+      .forward = combine_forward,
+      .backward_input = combine_backward_input,
+      .link_offset = -2,
+  };
   return t;
 }
 
