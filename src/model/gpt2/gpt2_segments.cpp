@@ -186,40 +186,23 @@ void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const 
 }  // namespace
 
 const SegmentType& embedding_type() {
-  static const SegmentType t{
-      .name = "gpt2.embedding",
-      .data = DataSlot::Tokens,
-      .reads_input = false,
-      .sizes = embedding_sizes,
-      .forward = embedding_forward,
-      .backward_weight = embedding_backward_weight,
-  };
+  static const SegmentType t{.name = "gpt2.embedding", .data = DataSlot::Tokens, .reads_input = false,
+                             .sizes = embedding_sizes, .forward = embedding_forward,
+                             .backward_weight = embedding_backward_weight};
   return t;
 }
 
 const SegmentType& block_type() {
-  static const SegmentType t{
-      .name = "gpt2.block",
-      .sizes = block_sizes,
-      .forward = block_forward,
-      .backward_input = block_backward_input,
-      .backward_weight = block_backward_weight,
-      .scratch_floats = block_scratch_floats,
-      .scratch_estimate = block_scratch_estimate,
-  };
+  static const SegmentType t{.name = "gpt2.block", .sizes = block_sizes, .forward = block_forward,
+                             .backward_input = block_backward_input, .backward_weight = block_backward_weight,
+                             .scratch_floats = block_scratch_floats, .scratch_estimate = block_scratch_estimate};
   return t;
 }
 
 const SegmentType& head_type() {
-  static const SegmentType t{
-      .name = "gpt2.head",
-      .data = DataSlot::Targets,
-      .computes_loss = true,
-      .sizes = head_sizes,
-      .forward = head_forward,
-      .backward_input = head_backward_input,
-      .backward_weight = head_backward_weight,
-  };
+  static const SegmentType t{.name = "gpt2.head", .data = DataSlot::Targets, .computes_loss = true,
+                             .sizes = head_sizes, .forward = head_forward, .backward_input = head_backward_input,
+                             .backward_weight = head_backward_weight};
   return t;
 }
 

@@ -92,39 +92,22 @@ void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const 
 }
 
 const SegmentType& first_layer_type() {
-  static const SegmentType t{
-      .name = "mlp.first_layer",
-      .data = DataSlot::Features,
-      .reads_input = false,
-      .sizes = layer_sizes,
-      .forward = layer_forward,
-      .backward_input = layer_backward_input,
-      .backward_weight = layer_backward_weight,
-  };
+  static const SegmentType t{.name = "mlp.first_layer", .data = DataSlot::Features, .reads_input = false,
+                             .sizes = layer_sizes, .forward = layer_forward, .backward_input = layer_backward_input,
+                             .backward_weight = layer_backward_weight};
   return t;
 }
 
 const SegmentType& layer_type() {
-  static const SegmentType t{
-      .name = "mlp.layer",
-      .sizes = layer_sizes,
-      .forward = layer_forward,
-      .backward_input = layer_backward_input,
-      .backward_weight = layer_backward_weight,
-  };
+  static const SegmentType t{.name = "mlp.layer", .sizes = layer_sizes, .forward = layer_forward,
+                             .backward_input = layer_backward_input, .backward_weight = layer_backward_weight};
   return t;
 }
 
 const SegmentType& head_type() {
-  static const SegmentType t{
-      .name = "mlp.head",
-      .data = DataSlot::Labels,
-      .computes_loss = true,
-      .sizes = head_sizes,
-      .forward = head_forward,
-      .backward_input = head_backward_input,
-      .backward_weight = head_backward_weight,
-  };
+  static const SegmentType t{.name = "mlp.head", .data = DataSlot::Labels, .computes_loss = true, .sizes = head_sizes,
+                             .forward = head_forward, .backward_input = head_backward_input,
+                             .backward_weight = head_backward_weight};
   return t;
 }
 

@@ -334,37 +334,22 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
 }  // namespace
 
 const SegmentType& moe_dispatch_type() {
-  static const SegmentType t{
-      .name = "qwen3.moe_dispatch",
-      .sizes = dispatch_sizes,
-      .forward = dispatch_forward,
-      .backward_input = dispatch_backward_input,
-      .backward_weight = dispatch_backward_weight,
-      .adds_balance_loss = true,
-  };
+  static const SegmentType t{.name = "qwen3.moe_dispatch", .sizes = dispatch_sizes, .forward = dispatch_forward,
+                             .backward_input = dispatch_backward_input, .backward_weight = dispatch_backward_weight,
+                             .adds_balance_loss = true};
   return t;
 }
 
 const SegmentType& moe_experts_type() {
-  static const SegmentType t{
-      .name = "qwen3.moe_experts",
-      .sizes = experts_sizes,
-      .forward = experts_forward,
-      .backward_input = experts_backward_input,
-      .backward_weight = experts_backward_weight,
-      .shard_units = [](const ModelDims& d) { return d.moe_experts; },
-  };
+  static const SegmentType t{.name = "qwen3.moe_experts", .sizes = experts_sizes, .forward = experts_forward,
+                             .backward_input = experts_backward_input, .backward_weight = experts_backward_weight,
+                             .shard_units = [](const ModelDims& d) { return d.moe_experts; }};
   return t;
 }
 
 const SegmentType& moe_combine_type() {
-  static const SegmentType t{
-      .name = "qwen3.moe_combine",
-      .sizes = combine_sizes,
-      .forward = combine_forward,
-      .backward_input = combine_backward_input,
-      .link_offset = -2,
-  };
+  static const SegmentType t{.name = "qwen3.moe_combine", .sizes = combine_sizes, .forward = combine_forward,
+                             .backward_input = combine_backward_input, .link_offset = -2};
   return t;
 }
 

@@ -297,51 +297,31 @@ void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const 
 }  // namespace
 
 const SegmentType& embed_type() {
-  static const SegmentType t{
-      .name = "qwen3.embed",
-      .data = DataSlot::Tokens,
-      .reads_input = false,
-      .sizes = embed_sizes,
-      .forward = embed_forward,
-      .backward_weight = embed_backward_weight,
-  };
+  static const SegmentType t{.name = "qwen3.embed", .data = DataSlot::Tokens, .reads_input = false,
+                             .sizes = embed_sizes, .forward = embed_forward,
+                             .backward_weight = embed_backward_weight};
   return t;
 }
 
 const SegmentType& attention_type() {
-  static const SegmentType t{
-      .name = "qwen3.attention",
-      .sizes = attention_sizes,
-      .forward = attention_forward,
-      .backward_input = attention_backward_input,
-      .backward_weight = attention_backward_weight,
-      .scratch_floats = attention_scratch_floats,
-      .scratch_estimate = attention_scratch_estimate,
-  };
+  static const SegmentType t{.name = "qwen3.attention", .sizes = attention_sizes, .forward = attention_forward,
+                             .backward_input = attention_backward_input,
+                             .backward_weight = attention_backward_weight,
+                             .scratch_floats = attention_scratch_floats,
+                             .scratch_estimate = attention_scratch_estimate};
   return t;
 }
 
 const SegmentType& mlp_type() {
-  static const SegmentType t{
-      .name = "qwen3.mlp",
-      .sizes = mlp_sizes,
-      .forward = mlp_forward,
-      .backward_input = mlp_backward_input,
-      .backward_weight = mlp_backward_weight,
-  };
+  static const SegmentType t{.name = "qwen3.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
+                             .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight};
   return t;
 }
 
 const SegmentType& head_type() {
-  static const SegmentType t{
-      .name = "qwen3.head",
-      .data = DataSlot::Targets,
-      .computes_loss = true,
-      .sizes = head_sizes,
-      .forward = head_forward,
-      .backward_input = head_backward_input,
-      .backward_weight = head_backward_weight,
-  };
+  static const SegmentType t{.name = "qwen3.head", .data = DataSlot::Targets, .computes_loss = true,
+                             .sizes = head_sizes, .forward = head_forward, .backward_input = head_backward_input,
+                             .backward_weight = head_backward_weight};
   return t;
 }
 
