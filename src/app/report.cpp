@@ -7,6 +7,7 @@
 #include <map>
 #include <vector>
 
+#include "plan/owned_slices.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 #include "util/mpi_gather.hpp"
@@ -92,7 +93,7 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
     if (!pb.shard_params) continue;
-    const int64_t count = pb.padded / pb.group_size;
+    const int64_t count = shard_elements(pb);
     shard.resize(size_t(count));
     k.download(shard.data(), ex.bucket_ptr(pb.param_shard_buf, 0), size_t(count) * sizeof(float));
     gathered[b].resize(size_t(pb.padded));

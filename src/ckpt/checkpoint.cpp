@@ -28,6 +28,7 @@
 #include "ckpt/parallel_save.hpp"
 #include "ckpt/verify.hpp"
 #include "ckpt/resume_check.hpp"
+#include "plan/owned_slices.hpp"
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
@@ -90,20 +91,17 @@ std::vector<Piece> owned_pieces(Executor& ex) {
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
     if (pb.tied_copy) continue;
-    const int64_t shard = pb.padded / pb.group_size;
-    const int64_t lo = int64_t(plan.replica) * shard, hi = lo + shard;
-    for (const auto& pp : plan.plan_params) {
-      if (pp.bucket != int32_t(b)) continue;
-      const ParamSpec& spec = plan.params[size_t(pp.model_param)];
-      int64_t a = std::max(lo, pp.offset), e = std::min(hi, pp.offset + spec.numel);
-      if (a >= e) continue;
-      Piece piece{pp.model_param, a - pp.offset, e - a, {nullptr, nullptr, nullptr}};
+    // Each replica saves its shard's share, sharded or not: the ranks split the writing.
+    const BucketRange owned = owned_range(pb, plan.replica, true);
+    for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& p) {
+      const int64_t a = p.begin, lo = owned.lo;
+      Piece piece{p.pp->model_param, p.param_begin(), p.count(), {nullptr, nullptr, nullptr}};
       piece.src[0] = pb.shard_params ? ex.bucket_ptr(pb.param_shard_buf, a - lo) : ex.bucket_ptr(pb.param_buf, a);
       const int64_t opt_at = pb.shard_optimizer ? a - lo : a;
       piece.src[1] = ex.bucket_ptr(pb.m_buf, opt_at);
       piece.src[2] = ex.bucket_ptr(pb.v_buf, opt_at);
       out.push_back(piece);
-    }
+    });
   }
   std::sort(out.begin(), out.end(), [](const Piece& x, const Piece& y) {
     return std::tie(x.param, x.start) < std::tie(y.param, y.start);

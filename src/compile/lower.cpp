@@ -11,6 +11,7 @@
 #include "compile/finalize.hpp"
 #include "compile/sequence.hpp"
 #include "model/segment_type.hpp"
+#include "plan/owned_slices.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -236,7 +237,7 @@ class Lowerer {
 
   const PlanBucket& plan_bucket(int gb) const { return p_.buckets[size_t(bucket_index_.at(gb))]; }
 
-  int64_t shard_count(const PlanBucket& pb) const { return pb.padded / pb.group_size; }
+  int64_t shard_count(const PlanBucket& pb) const { return shard_elements(pb); }
 
   // `in` waits for reduce-scatter `rs`; a reduce-scatter of a transient gradient buffer waited for frees it.
   void wait_for_reduce_scatter(Instr& in, int32_t rs) {

@@ -7,6 +7,7 @@
 #include "config/toml_reader.hpp"
 #include "model/family.hpp"
 #include "model/segment_type.hpp"
+#include "plan/owned_slices.hpp"
 #include "plan/plan.hpp"
 #include "util/error.hpp"
 
@@ -238,7 +239,7 @@ class PlanCheck {
       require(b.group == -1 || in_range(b.group, p_.groups.size()), "group ", b.group, " out of range");
       if (b.group >= 0) require(group_size(p_.groups[size_t(b.group)]) == b.group_size, "group size differs");
       require(b.group_size == 1 || b.group_size == replicas_, "group of ", b.group_size, " in a set of ", replicas_);
-      const int64_t shard = b.padded / b.group_size;
+      const int64_t shard = shard_elements(b);
       floats(b.shard_params ? b.param_shard_buf : b.param_buf, 0, b.shard_params ? shard : b.padded, false,
              "parameter");
       floats(b.shard_grads ? b.grad_shard_buf : b.grad_buf, 0, b.shard_grads ? shard : b.padded, false, "gradient");
@@ -266,7 +267,7 @@ class PlanCheck {
     const PlanBucket& pb = p_.buckets[size_t(pp.bucket)];
     const int64_t numel = p_.params[size_t(pp.model_param)].numel;
     if (!pb.owned_slices) return floats(b, pp.offset, numel, false, role);
-    const int64_t shard = pb.padded / pb.group_size;
+    const int64_t shard = shard_elements(pb);
     if (shard == 0) return;
     const int64_t r = pp.offset / shard;  // the one replica with 0 <= offset - r·shard < shard
     if (r < replicas_) floats(b, pp.offset - r * shard, numel, false, role);

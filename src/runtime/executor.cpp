@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/segment_type.hpp"
+#include "plan/owned_slices.hpp"
 #include "runtime/communicator_order.hpp"
 #include "runtime/learning_rate.hpp"
 #include "util/error.hpp"
@@ -152,20 +153,14 @@ void Executor::init_parameters() {
   std::vector<float> host;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const PlanBucket& pb = plan_.buckets[b];
-    const bool sharded = pb.shard_params;
-    const int64_t shard = pb.padded / pb.group_size;
-    const int64_t lo = sharded ? int64_t(plan_.replica) * shard : 0;
-    const int64_t hi = sharded ? lo + shard : pb.padded;
-    float* dst = store_.f(sharded ? pb.param_shard_buf : pb.param_buf);
-    for (const auto& pp : plan_.plan_params) {
-      if (pp.bucket != int32_t(b)) continue;
-      const ParamSpec& spec = plan_.params[size_t(pp.model_param)];
-      int64_t a = std::max(lo, pp.offset), e = std::min(hi, pp.offset + spec.numel);
-      if (a >= e) continue;
-      host.resize(size_t(e - a));
-      init_param_range(spec, plan_.seed, a - pp.offset, e - a, host.data());
-      k_.upload(dst + (a - lo), host.data(), size_t(e - a) * sizeof(float));
-    }
+    const BucketRange owned = owned_range(pb, plan_.replica, pb.shard_params);
+    float* dst = store_.f(pb.shard_params ? pb.param_shard_buf : pb.param_buf);
+    for_each_param_piece(plan_, int32_t(b), owned, [&](const ParamPiece& piece) {
+      host.resize(size_t(piece.count()));
+      init_param_range(plan_.params[size_t(piece.pp->model_param)], plan_.seed, piece.param_begin(), piece.count(),
+                       host.data());
+      k_.upload(dst + (piece.begin - owned.lo), host.data(), size_t(piece.count()) * sizeof(float));
+    });
   }
 }
 
@@ -407,9 +402,9 @@ void Executor::run_compute(const Instr& in) {
     int64_t at = pp.offset;
     const PlanBucket& pb = plan_.buckets[size_t(pp.bucket)];
     if (pb.owned_slices) {  // only this rank's slice exists here; other ranks' parameters stay null
-      const int64_t shard = pb.padded / pb.group_size;
-      at -= int64_t(plan_.replica) * shard;
-      if (at < 0 || at >= shard) continue;
+      const BucketRange owned = owned_range(pb, plan_.replica, true);
+      if (at < owned.lo || at >= owned.hi) continue;
+      at -= owned.lo;
     }
     if (i < in.pbuf.size() && in.pbuf[i] >= 0) w[i] = store_.f(in.pbuf[i]) + at;
     if (i < in.gbuf.size() && in.gbuf[i] >= 0) g[i] = store_.f(in.gbuf[i]) + at;
@@ -477,15 +472,11 @@ void Executor::run_update(const Instr& in) {
   float* gr = store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard);
   float* m = store_.f(in.m);
   float* v = store_.f(in.v);
-  for (const auto& pp : plan_.plan_params) {
-    if (pp.bucket != in.bucket) continue;
-    const ParamSpec& spec = plan_.params[size_t(pp.model_param)];
-    int64_t a = std::max(lo, pp.offset), e = std::min(hi, pp.offset + spec.numel);
-    if (a >= e) continue;
-    args.weight_decay = spec.decay ? float(o.weight_decay) : 0.f;
-    const int64_t at = a - lo;
-    k_.adamw(p + at, gr + at, m + at, v + at, size_t(e - a), args);
-  }
+  for_each_param_piece(plan_, in.bucket, {lo, hi}, [&](const ParamPiece& piece) {
+    args.weight_decay = plan_.params[size_t(piece.pp->model_param)].decay ? float(o.weight_decay) : 0.f;
+    const int64_t at = piece.begin - lo;
+    k_.adamw(p + at, gr + at, m + at, v + at, size_t(piece.count()), args);
+  });
 }
 
 void Executor::run_step_sync(const Instr& in) {
