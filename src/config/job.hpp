@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "model/model.hpp"
-#include "plan/optimizer_config.hpp"
+#include "config/model_dims.hpp"
+#include "config/optimizer_config.hpp"
 
 namespace piper {
 

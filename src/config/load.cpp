@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "config/toml_reader.hpp"
-#include "model/family.hpp"
+#include "config/model_families.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -136,8 +136,8 @@ void load_job_section(TomlReader& r, JobSection& j) {
 }
 
 void load_model(TomlReader& r, ModelSpec& m) {
-  m.kind = r.get_string("kind", m.kind, family_kinds());
-  find_family(m.kind)->read_keys(r, m);
+  m.kind = r.get_string("kind", m.kind, model_family_reader_kinds());
+  find_model_family_reader(m.kind)->read_keys(r, m);
   r.finish();
 }
 
@@ -148,7 +148,7 @@ void load_data(TomlReader& r, DataSpec& d, const ModelSpec& m) {
   d.token_bytes = int(r.get_int("token_bytes", d.token_bytes, 0, 4));
   if (d.token_bytes == 3) r.error_msg("token_bytes", "expected 1, 2 or 4 bytes per token id (or 0: by the file name)");
   r.finish();
-  if (find_family(m.kind)->reads_tokens) {
+  if (find_model_family_reader(m.kind)->reads_tokens) {
     if (d.path.empty())
       throw UserError(cat(r.loc().str(), ": data.path: expected the path of a token file for model.kind = \"", m.kind,
                           "\", found nothing"));
@@ -180,7 +180,7 @@ void load_optimizer(TomlReader& r, OptimizerSpec& o) {
 // The settings --resume compares with the checkpoint, named as checkpoint.allow_changes names them.
 std::vector<std::string> resume_settings() {
   std::vector<std::string> names = {"job.seed", "data.sampler", "data.path"};
-  for (const std::string& k : all_model_keys()) names.push_back("model." + k);
+  for (const std::string& k : model_family_reader_keys()) names.push_back("model." + k);
   return names;
 }
 
@@ -424,13 +424,13 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
   with("job", [&](TomlReader& r) { load_job_section(r, spec.job); });
   if (!root.contains("model")) {
     std::string kinds;
-    for (const auto& k : family_kinds()) kinds += cat(kinds.empty() ? "" : " | ", k);
+    for (const auto& k : model_family_reader_kinds()) kinds += cat(kinds.empty() ? "" : " | ", k);
     throw UserError(cat(name, ": [model]: missing; say what to train: a [model] table with kind = ", kinds,
                         " and the family's keys (README, \"The job file\")"));
   }
   with("model", [&](TomlReader& r) { load_model(r, spec.model); });
   with("data", [&](TomlReader& r) { load_data(r, spec.data, spec.model); });
-  if (!root.contains("data") && find_family(spec.model.kind)->reads_tokens)
+  if (!root.contains("data") && find_model_family_reader(spec.model.kind)->reads_tokens)
     throw UserError(cat(name, ": [data]: missing; a ", spec.model.kind,
                         " model trains on a token file: add a [data] table with path = \"...\" (README, \"The job file\")"));
   with("optimizer", [&](TomlReader& r) { load_optimizer(r, spec.optimizer); });

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "config/model_dims.hpp"
+
 namespace piper {
 
 struct SegmentType;
@@ -19,26 +21,6 @@ struct ParamSpec {
   float init_std = 0.f;
   bool decay = false;           // AdamW weight decay applies (matrices and embeddings only)
   bool operator==(const ParamSpec&) const = default;
-};
-
-// Hyperparameters of every family in one plain struct (it travels in the plan as bytes); each family
-// reads the keys it knows and leaves the others at their defaults. The last two are derived by the family.
-struct ModelDims {
-  int vocab = 256, seq_len = 128, d_model = 256, n_layers = 4, n_heads = 8, d_ff = 1024;
-  int n_kv_heads = 0, head_dim = 0;  // 0: n_heads, d_model / n_heads
-  double rope_theta = 1e6, norm_eps = 1e-6;
-  bool qk_norm = true, tie_embeddings = false;
-  uint8_t padding0_[2] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
-  int d_in = 32, d_hidden = 64, n_classes = 8;  // synthetic-feature models
-  // mixture of experts ([model.moe]); experts = 0: none
-  int moe_experts = 0, moe_top_k = 2, moe_d_expert = 0, moe_every = 1;
-  bool moe_norm_topk_prob = true;
-  uint8_t padding1_[7] = {};
-  double moe_aux_loss_coef = 0.001, moe_capacity_factor = 0;  // capacity 0: dropless
-  // derived by the family's build
-  int rows_per_sample = 1;  // rows one sample contributes to the activation matrices (T for sequences)
-  int act_width = 0;        // width of the activation handed between segments
-  bool operator==(const ModelDims&) const = default;
 };
 
 struct Segment {

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <utility>
 
+#include "config/model_families.hpp"
 #include "config/toml_reader.hpp"
 #include "util/error.hpp"
 
@@ -27,6 +28,17 @@ std::vector<std::string> family_kinds() {
   for (const Family* f : families()) kinds.push_back(f->kind);
   return kinds;
 }
+
+namespace {
+
+// The job loader (config/, a layer below) reads [model] through these readers: registered at start-up by
+// every program that links this file, which every program that builds models does.
+const bool registered_with_job_loader = [] {
+  for (const Family* f : families()) register_model_family_reader({f->kind, f->reads_tokens, f->read_keys, f->keys});
+  return true;
+}();
+
+}  // namespace
 
 void read_decoder_keys(TomlReader& r, ModelSpec& m) {
   m.vocab = int(r.get_int("vocab", m.vocab, 2, INT32_MAX));

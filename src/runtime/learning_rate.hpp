@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "plan/optimizer_config.hpp"
+#include "config/optimizer_config.hpp"
 
 namespace piper {
 
