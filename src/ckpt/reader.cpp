@@ -10,7 +10,9 @@
 
 #include "ckpt/checksum.hpp"
 #include "ckpt/hdf5_util.hpp"
+#include "ckpt/verify.hpp"
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace piper {
 
@@ -30,15 +32,56 @@ std::string float_text(double v) {
   return b;
 }
 
+// The element type of a dataset as people name it: "float32", "int64", "uint8", "float64 big-endian", ...
+std::string dtype_text(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t bits = H5Tget_size(type) * 8;
+  const std::string order = H5Tget_order(type) == H5T_ORDER_BE ? " big-endian" : "";
+  switch (cls) {
+    case H5T_FLOAT: return cat("float", bits, order);
+    case H5T_INTEGER: return cat(H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int", bits, order);
+    case H5T_STRING: return "string";
+    case H5T_BITFIELD: return cat("bitfield", bits);
+    case H5T_OPAQUE: return "opaque";
+    case H5T_COMPOUND: return "compound";
+    case H5T_REFERENCE: return "reference";
+    case H5T_ENUM: return "enum";
+    case H5T_VLEN: return "variable-length";
+    case H5T_ARRAY: return "array";
+    default: return "unknown type";
+  }
+}
+
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   h5::quiet();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw UserError(cat(path, ": no such file"));
-  if (!std::filesystem::is_regular_file(path, ec)) throw UserError(cat(path, ": not a regular file"));
+  if (std::string why = not_regular_file(path); !why.empty()) throw UserError(cat(path, ": ", why));
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw UserError(cat(path, ": not a readable HDF5 file (not a checkpoint, or truncated)"));
+  // An HDF5 file of another writer has none of the attributes the commands read: refused here, rather
+  // than listed as a checkpoint whose every attribute is absent.
+  std::string format;
+  bool has_format = false, has_version = false;
+  try {
+    has_format = h5::read_attr_str(hid_t(file_), "format", format);
+    has_version = h5::read_attr_i64(hid_t(file_), "format_version", format_version_);
+  } catch (const UserError& e) {
+    H5Fclose(hid_t(file_));
+    throw UserError(cat(path, ": not a piper checkpoint: ", e.what()));
+  }
+  std::string why;
+  if (!has_format) why = cat("no attribute format = \"", kCheckpointFormat, "\" (an HDF5 file of another writer)");
+  else if (format != kCheckpointFormat) why = cat("its attribute format is \"", format, "\", not \"", kCheckpointFormat, "\"");
+  else if (!has_version) why = "no attribute format_version";
+  else if (format_version_ < 1 || format_version_ > kCheckpointVersion)
+    why = cat("format version ", format_version_, "; this piper reads versions 1 to ", kCheckpointVersion);
+  if (!why.empty()) {
+    H5Fclose(hid_t(file_));
+    throw UserError(cat(path, ": not a piper checkpoint: ", why));
+  }
 }
 
 CheckpointReader::~CheckpointReader() {
@@ -102,8 +145,11 @@ std::vector<CheckpointTensor> CheckpointReader::tensors() const {
     t.path = p;
     h5::Handle ds(H5Dopen2(hid_t(file_), p.c_str(), H5P_DEFAULT), H5Dclose);
     h5::Handle space(ds.id < 0 ? -1 : H5Dget_space(ds), H5Sclose);
+    h5::Handle type(ds.id < 0 ? -1 : H5Dget_type(ds), H5Tclose);
     const int nd = space.id < 0 ? -1 : H5Sget_simple_extent_ndims(space);
-    if (nd < 0) throw UserError(cat(path_, ": tensor '", p, "' has an unreadable shape (damaged file)"));
+    if (nd < 0 || type.id < 0) throw UserError(cat(path_, ": tensor '", p, "' has an unreadable shape or type (damaged file)"));
+    t.dtype = dtype_text(type);
+    t.element_bytes = int64_t(H5Tget_size(type));
     std::vector<hsize_t> dims(static_cast<size_t>(nd));
     H5Sget_simple_extent_dims(space, dims.data(), nullptr);
     t.numel = 1;
@@ -143,18 +189,17 @@ std::vector<float> CheckpointReader::read(const std::string& path) const {
   if (n > 0 && H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     throw UserError(cat(path_, ": tensor '", path, "' cannot be read: its data is damaged (checksum mismatch) or the ",
                         "file is truncated"));
-  // Format version 3 records a hash of every block: a tensor that does not match them is not returned.
-  int64_t block = 0;
-  std::vector<uint64_t> recorded;
-  bool blocks = false;
-  try {
-    blocks = h5::read_attr_i64(ds, kBlockElementsAttribute, block) && h5::read_attr_u64s(ds, kBlockHashesAttribute, recorded);
-  } catch (const UserError& e) {
-    throw UserError(cat(path_, ": tensor '", path, "': ", e.what()));
-  }
-  if (blocks) {
-    if (block <= 0) throw UserError(cat(path_, ": tensor '", path, "' has a block size of ", block, " (damaged)"));
-    BlockHasher hasher(uint64_t(block) * sizeof(float));
+  // Format version 3 records a hash of every block: a tensor without them, or that does not match them, is
+  // not returned (as verify_checkpoint decides).
+  if (format_version_ >= 3) {
+    uint64_t block = 0;
+    std::vector<uint64_t> recorded;
+    try {
+      recorded = recorded_block_hashes(ds, path, uint64_t(n), block);
+    } catch (const UserError& e) {
+      throw UserError(cat(path_, ": ", e.what()));
+    }
+    BlockHasher hasher(block * sizeof(float));
     hasher.add(v.data(), v.size() * sizeof(float));
     if (hasher.finish() != recorded)
       throw UserError(cat(path_, ": tensor '", path, "' is damaged (checksum mismatch): its values do not match their recorded block hashes"));

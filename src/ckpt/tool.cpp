@@ -115,6 +115,12 @@ std::string model_kind(const CheckpointReader& r) {
                       "export needs it"));
 }
 
+// Before a command reads values: the checks verify makes of the whole file (format, the name's step, every
+// tensor's recorded block hashes and the checksum over them and the attributes), the tensors' data aside;
+// each tensor read is then checked against its block hashes (CheckpointReader::read). A file verify
+// fails is not shown as if it were sound.
+void check_as_verify(const CheckpointReader& r) { verify_checkpoint(r.path(), "", /*read_data=*/false); }
+
 int cmd_ls(const Args& a) {
   need_positionals(a, 1, "ls", "one checkpoint file");
   CheckpointReader r(a.positional[0]);
@@ -128,11 +134,14 @@ int cmd_ls(const Args& a) {
   }
   auto tensors = r.tensors();
   int64_t total = 0;
-  for (const auto& t : tensors) total += t.numel * 4;
-  std::printf("tensors: %zu, %lld bytes of float32\n", tensors.size(), static_cast<long long>(total));
+  std::set<std::string> dtypes;
+  for (const auto& t : tensors) total += t.numel * t.element_bytes, dtypes.insert(t.dtype);
+  std::string of;
+  for (const std::string& d : dtypes) of += cat(of.empty() ? " of " : ", ", d);
+  std::printf("tensors: %zu, %lld bytes%s\n", tensors.size(), static_cast<long long>(total), of.c_str());
   for (const auto& t : tensors)
-    std::printf("  %-48s %-16s %12lld bytes\n", t.path.c_str(), shape_text(t.shape).c_str(),
-                static_cast<long long>(t.numel * 4));
+    std::printf("  %-48s %-16s %-8s %12lld bytes\n", t.path.c_str(), shape_text(t.shape).c_str(), t.dtype.c_str(),
+                static_cast<long long>(t.numel * t.element_bytes));
   return kExitOk;
 }
 
@@ -160,6 +169,7 @@ std::pair<int64_t, int64_t> parse_range(const std::string& s, int64_t n, const s
 int cmd_show(const Args& a) {
   need_positionals(a, 2, "show", "a checkpoint file and a tensor name");
   CheckpointReader r(a.positional[0]);
+  check_as_verify(r);
   const std::string path = tensor_path(r, a.positional[1]);
   std::vector<int64_t> shape;
   for (const auto& t : r.tensors())
@@ -214,6 +224,8 @@ int cmd_diff(const Args& a) {
   const double rtol = number_option(a, "--rtol", 0), atol = number_option(a, "--atol", 0);
   const std::string only = a.options.count("--only") ? a.options.at("--only") : "";
   CheckpointReader A(a.positional[0]), B(a.positional[1]);
+  check_as_verify(A);
+  check_as_verify(B);
   std::map<std::string, std::vector<int64_t>> sa, sb;
   for (const auto& t : A.tensors()) if (t.path.rfind(only, 0) == 0) sa[t.path] = t.shape;
   for (const auto& t : B.tensors()) if (t.path.rfind(only, 0) == 0) sb[t.path] = t.shape;
@@ -306,6 +318,7 @@ int cmd_export(const Args& a) {
   need_positionals(a, 1, "export", "one checkpoint file");
   if (!a.options.count("--to")) throw UserError("export: --to OUT.safetensors is required");
   CheckpointReader r(a.positional[0]);
+  check_as_verify(r);
   const std::string kind = model_kind(r);
   std::vector<NamedTensor> out;
   for (const auto& t : r.tensors()) {

@@ -3,13 +3,14 @@
 #include "config/load.hpp"
 
 #include <filesystem>
-#include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
 #include "config/toml_reader.hpp"
 #include "config/model_families.hpp"
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace piper {
 
@@ -33,9 +34,25 @@ bool parse_index(const std::string& s, size_t& index) {
   return true;
 }
 
-// Applies one "--set a.b.c=value" to the parsed document. Value is TOML ("4", "\"x\"", "[1,2]"),
-// or a bare string when it does not parse as TOML.
-std::string apply_override(toml::table& root, const std::string& arg) {
+// Sets `key` of `table` to `value` and records the key path it sets, with the --set key that set it. A table
+// value given to a table of the job's sections ([job], [model.moe], ...: `merge`) merges into it key by key, so
+// that --set 'job={steps=3}' is --set job.steps=3 and the other keys of [job] stay as they are.
+void set_key(toml::table& table, const std::string& key, toml::node&& value, const std::string& path, bool merge,
+             const std::string& shown, std::map<std::string, std::string>& overridden) {
+  toml::node* old = table.get(key);
+  if (merge && old && old->as_table() && value.as_table()) {
+    for (auto&& [k, v] : *value.as_table())
+      set_key(*old->as_table(), std::string(k.str()), std::move(v), cat(path, ".", k.str()), true, shown, overridden);
+    return;
+  }
+  table.insert_or_assign(key, std::move(value));
+  overridden[path] = shown;
+}
+
+// Applies one "--set a.b.c=value" to the parsed document, recording the key paths it sets. Value is TOML
+// ("4", "\"x\"", "[1,2]", "{steps = 3}"), or a bare string when it does not parse as TOML. Inside arrays
+// ([[directive]], [[annotate]]) a value replaces what was there.
+void apply_override(toml::table& root, const std::string& arg, std::map<std::string, std::string>& overridden) {
   auto eq = arg.find('=');
   if (eq == std::string::npos || eq == 0)
     throw UserError(cat("--set ", arg, ": expected key.path=value (e.g. --set model.n_layers=4)"));
@@ -52,6 +69,7 @@ std::string apply_override(toml::table& root, const std::string& arg) {
     parsed.insert("v", text);
   }
   toml::node* cur = &root;
+  bool sections = true;  // every step so far went through a table, none through an array
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     if (auto* t = cur->as_table()) {
       if (!t->contains(parts[i])) t->insert(parts[i], toml::table{});
@@ -62,6 +80,7 @@ std::string apply_override(toml::table& root, const std::string& arg) {
         throw UserError(cat("--set ", arg, ": '", parts[i], "' is not an index of the ", a->size(),
                             "-element array before it"));
       cur = a->get(index);
+      sections = false;
     } else {
       throw UserError(cat("--set ", arg, ": '", parts[i - 1], "' is not a table"));
     }
@@ -69,16 +88,16 @@ std::string apply_override(toml::table& root, const std::string& arg) {
   const std::string& last = parts.back();
   toml::node* v = parsed.get("v");
   if (auto* t = cur->as_table()) {
-    t->insert_or_assign(last, std::move(*v));
+    set_key(*t, last, std::move(*v), key, sections, key, overridden);
   } else if (auto* a = cur->as_array()) {
     size_t index = 0;
     if (!parse_index(last, index) || index >= a->size())
       throw UserError(cat("--set ", arg, ": '", last, "' is not an index of the array before it"));
     a->replace(a->cbegin() + long(index), std::move(*v));
+    overridden[key] = key;
   } else {
     throw UserError(cat("--set ", arg, ": the key before '", last, "' is not a table"));
   }
-  return key;
 }
 
 const toml::table* section(TomlReader& top, const std::string& name) {
@@ -124,6 +143,8 @@ Filter parse_filter(const toml::node* n, const std::string& key_path, const Load
 
 void load_job_section(TomlReader& r, JobSection& j) {
   j.name = r.get_string("name", j.name);
+  if (j.name.find_first_not_of(" \t") == std::string::npos)
+    r.error("name", "a non-empty name for the run (it heads the output and the checkpoints)", r.get_node("name"));
   j.steps = r.get_int("steps", j.steps, 1, INT64_MAX);
   j.seed = uint64_t(r.get_int("seed", int64_t(j.seed), 0, INT64_MAX));
   j.backend = r.get_string("backend", j.backend, {"cpu", "cuda"});
@@ -152,11 +173,11 @@ void load_data(TomlReader& r, DataSpec& d, const ModelSpec& m) {
     if (d.path.empty())
       throw UserError(cat(r.loc().str(), ": data.path: expected the path of a token file for model.kind = \"", m.kind,
                           "\", found nothing"));
-    std::filesystem::path p(d.path);
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(p, ec))
+    const std::string why = not_regular_file(d.path);
+    if (why == "does not exist")
       r.error_msg("path", cat("no readable file '", d.path, "' (relative to ", std::filesystem::current_path().string(),
                               "); run `make data` or tools/prepare-data.sh to build the default corpus"));
+    if (!why.empty()) r.error_msg("path", cat("'", d.path, "' ", why, "; a token file must be one"));
   } else if (!d.path.empty()) {
     r.error_msg("path", cat("model.kind = \"", m.kind, "\" trains on synthetic data; remove data.path"));
   }
@@ -173,7 +194,7 @@ void load_optimizer(TomlReader& r, OptimizerSpec& o) {
   o.grad_clip = r.get_float("grad_clip", o.grad_clip, 0.0, INFINITY);
   o.warmup_steps = r.get_int("warmup_steps", o.warmup_steps, 0, INT64_MAX);
   o.decay_steps = r.get_int("decay_steps", o.decay_steps, 0, INT64_MAX);
-  if (o.min_lr > o.lr) r.error_msg("min_lr", cat("min_lr (", o.min_lr, ") must not exceed lr (", o.lr, ")"));
+  if (o.min_lr > o.lr) r.error_msg("min_lr", cat("min_lr (", number_text(o.min_lr), ") must not exceed lr (", number_text(o.lr), ")"));
   r.finish();
 }
 
@@ -215,6 +236,15 @@ void load_checkpoint(TomlReader& r, CheckpointSpec& c, const LoadContext& ctx) {
     }
   }
   r.finish();
+  // An empty dir given by --set turns checkpoints off whatever the job file's `every` says; anything else
+  // that asks for checkpoints every N steps without a folder to write them to is a mistake.
+  const bool off_switch = r.has("dir") && ctx.from_command_line(r.key_path("dir")) &&
+                          !ctx.from_command_line(r.key_path("every"));
+  if (c.every > 0 && c.dir.empty() && !off_switch) {
+    const std::string dir = r.has("dir") ? cat("is empty (", r.loc("dir").str(), ")") : "is not given";
+    r.error_msg("every", cat("a checkpoint every ", c.every, " steps needs a folder, but checkpoint.dir ", dir,
+                             ": give checkpoint.dir a folder, or set checkpoint.every = 0 (or remove it) for none"));
+  }
 }
 
 void load_mesh(TomlReader& r, MeshSpec& m) {
@@ -410,7 +440,7 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
   spec.path = name;
   spec.text = text;
   for (const auto& o : overrides) {
-    ctx.overridden.insert(apply_override(root, o));
+    apply_override(root, o, ctx.overridden);
     spec.text += "\n# --set " + o;
   }
 
@@ -445,11 +475,7 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
 }
 
 JobSpec load_job(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(cat(path, ": cannot open the job file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return load_job_text(ss.str(), path, overrides);
+  return load_job_text(read_input_file(path, "job file", kMaxJobFileBytes), path, overrides);
 }
 
 }  // namespace piper

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <charconv>
 
 #include "util/error.hpp"
 
@@ -20,10 +21,16 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string number_text(double x) {
+  char b[40];
+  const auto r = std::to_chars(b, b + sizeof b, x);  // the shortest text that reads back as x
+  return std::string(b, r.ptr);
+}
+
 std::string describe_node(const toml::node* n) {
   if (!n) return "nothing";
   if (auto v = n->as_integer()) return cat("integer ", v->get());
-  if (auto v = n->as_floating_point()) return cat("float ", v->get());
+  if (auto v = n->as_floating_point()) return cat("float ", number_text(v->get()));
   if (auto v = n->as_boolean()) return cat("boolean ", v->get() ? "true" : "false");
   if (auto v = n->as_string()) return cat("string \"", v->get(), "\"");
   if (auto v = n->as_array()) return cat("array of ", v->size());
@@ -31,9 +38,15 @@ std::string describe_node(const toml::node* n) {
   return "date/time";
 }
 
+bool LoadContext::from_command_line(const std::string& key_path) const {
+  for (const auto& [path, shown] : overridden)
+    if (key_path == path || key_path.rfind(path + ".", 0) == 0) return true;
+  return false;
+}
+
 SourceLoc node_loc(const toml::node* n, const std::string& key_path, const LoadContext& ctx) {
-  for (const auto& o : ctx.overridden)
-    if (key_path == o || key_path.rfind(o + ".", 0) == 0) return SourceLoc{"--set " + o, 0, 0};
+  for (const auto& [path, shown] : ctx.overridden)
+    if (key_path == path || key_path.rfind(path + ".", 0) == 0) return SourceLoc{"--set " + shown, 0, 0};
   if (n && n->source().begin.line > 0)
     return SourceLoc{ctx.file, int(n->source().begin.line), int(n->source().begin.column)};
   return SourceLoc{ctx.file, 0, 0};
@@ -89,9 +102,9 @@ double TomlReader::get_float(const std::string& key, double fallback, double min
   const toml::node* n = get_node(key);
   if (!n) return fallback;
   auto expected = [&] {
-    std::string lo = min_exclusive ? cat("> ", min) : cat(">= ", min);
+    std::string lo = cat(min_exclusive ? "> " : ">= ", number_text(min));
     if (std::isinf(max)) return cat("a number ", lo);
-    return cat("a number ", lo, " and <= ", max);
+    return cat("a number ", lo, " and <= ", number_text(max));
   };
   double x;
   if (auto f = n->as_floating_point()) x = f->get();

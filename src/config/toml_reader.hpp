@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -17,7 +18,10 @@ namespace piper {
 // Shared state of one load: file name and which key paths came from --set.
 struct LoadContext {
   std::string file;
-  std::set<std::string> overridden;  // dotted key paths set on the command line
+  // dotted key paths set on the command line, each with the key of the --set that set it ("job.steps" from
+  // --set 'job={steps=3}' names "job")
+  std::map<std::string, std::string> overridden;
+  bool from_command_line(const std::string& key_path) const;
 };
 
 class TomlReader {
@@ -55,6 +59,8 @@ class TomlReader {
 size_t edit_distance(const std::string& a, const std::string& b);
 // "integer -3", "string \"abc\"", "array of 2", ...
 std::string describe_node(const toml::node* n);
+// The shortest decimal text that reads back as exactly `x` ("10.0000001", "0.999999999", "1e-08").
+std::string number_text(double x);
 // Location of an arbitrary node (file:line:col), or the --set that created it.
 SourceLoc node_loc(const toml::node* n, const std::string& key_path, const LoadContext& ctx);
 

@@ -3,7 +3,8 @@
 // slot, which may interleave). CSV: a header `rank,slot,pass,stage,mb`, one action per line; equal
 // (rank, slot) pairs form one slot. Errors name the file and line.
 #include <algorithm>
-#include <fstream>
+#include <charconv>
+#include <climits>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -12,6 +13,7 @@
 
 #include "passes/schedules/schedules.hpp"
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace piper {
 
@@ -19,18 +21,30 @@ namespace {
 
 const std::vector<std::string> kPasses = {"F", "B", "BI", "BW"};
 
+// A number of the file (`what`: "stage", "microbatch", ...): digits only, at most INT_MAX.
+int parse_number(const std::string& text, const char* what, const std::string& where) {
+  int v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || r.ec == std::errc::invalid_argument)
+    throw UserError(cat(where, ": ", what, " must be a number >= 0, found '", text, "'"));
+  if (r.ec == std::errc::result_out_of_range)
+    throw UserError(cat(where, ": ", what, " ", text, " is out of range (at most ", INT_MAX, ")"));
+  return v;
+}
+
 Action parse_action(const std::string& text, const std::string& where) {
   static const std::regex re(R"(\s*(F|B|BI|BW)\s*(\d+)\s*\.\s*(\d+)\s*)");
   std::smatch m;
   if (!std::regex_match(text, m, re))
     throw UserError(cat(where, ": '", text, "' is not an action; write PASS<stage>.<microbatch>, e.g. F0.3 or BW1.0"));
-  return Action{m[1], std::stoi(m[2]), std::stoi(m[3])};
+  return Action{m[1], parse_number(m[2], "stage", where), parse_number(m[3], "microbatch", where)};
 }
 
-std::vector<std::vector<Slot>> from_toml(const std::string& path) {
+std::vector<std::vector<Slot>> from_toml(const std::string& path, size_t pipeline_ranks) {
+  const std::string text = read_input_file(path, "schedule file", kMaxScheduleFileBytes);
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     throw UserError(cat(path, ":", e.source().begin.line, ":", e.source().begin.column, ": TOML syntax error: ",
                         e.description()));
@@ -41,6 +55,9 @@ std::vector<std::vector<Slot>> from_toml(const std::string& path) {
   std::vector<std::vector<Slot>> out;
   for (const auto& node : *ranks) {
     const toml::table& t = *node.as_table();
+    if (out.size() == pipeline_ranks)
+      throw UserError(cat(path, ":", t.source().begin.line, ": [[rank]] table ", out.size() + 1, ", but the pipeline has ",
+                          pipeline_ranks, " rank", pipeline_ranks == 1 ? "" : "s", " (one [[rank]] table each)"));
     for (const auto& [k, v] : t)
       if (k.str() != "slots")
         throw UserError(cat(path, ":", v.source().begin.line, ": unknown key '", k.str(), "' in [[rank]] (only slots)"));
@@ -61,9 +78,8 @@ std::vector<std::vector<Slot>> from_toml(const std::string& path) {
   return out;
 }
 
-std::vector<std::vector<Slot>> from_csv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(cat(path, ": cannot open the schedule file"));
+std::vector<std::vector<Slot>> from_csv(const std::string& path, size_t pipeline_ranks) {
+  std::istringstream in(read_input_file(path, "schedule file", kMaxScheduleFileBytes));
   std::string line;
   int lineno = 0;
   std::map<int, std::map<int, Slot>> ranks;  // rank → slot number → actions
@@ -85,14 +101,14 @@ std::vector<std::vector<Slot>> from_csv(const std::string& path) {
       continue;
     }
     if (f.size() != 5) throw UserError(cat(where, ": expected 5 fields (rank,slot,pass,stage,mb), found ", f.size()));
-    auto number = [&](const std::string& s, const char* what) {
-      if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
-        throw UserError(cat(where, ": ", what, " must be a number >= 0, found '", s, "'"));
-      return std::stoi(s);
-    };
     if (std::find(kPasses.begin(), kPasses.end(), f[2]) == kPasses.end())
       throw UserError(cat(where, ": pass must be F, B, BI or BW, found '", f[2], "'"));
-    ranks[number(f[0], "rank")][number(f[1], "slot")].push_back(Action{f[2], number(f[3], "stage"), number(f[4], "mb")});
+    const int rank = parse_number(f[0], "rank", where);
+    if (size_t(rank) >= pipeline_ranks)
+      throw UserError(cat(where, ": rank ", rank, ", but the pipeline has ", pipeline_ranks, " rank",
+                          pipeline_ranks == 1 ? "" : "s", " (0 to ", pipeline_ranks - 1, ")"));
+    ranks[rank][parse_number(f[1], "slot", where)].push_back(
+        Action{f[2], parse_number(f[3], "stage", where), parse_number(f[4], "mb", where)});
   }
   if (ranks.empty()) throw UserError(cat(path, ": no actions"));
   std::vector<std::vector<Slot>> out;
@@ -106,9 +122,9 @@ std::vector<std::vector<Slot>> from_csv(const std::string& path) {
 
 }  // namespace
 
-std::vector<std::vector<Slot>> file_slots(const std::string& path) {
+std::vector<std::vector<Slot>> file_slots(const std::string& path, size_t pipeline_ranks) {
   const bool csv = path.size() > 4 && path.substr(path.size() - 4) == ".csv";
-  return csv ? from_csv(path) : from_toml(path);
+  return csv ? from_csv(path, pipeline_ranks) : from_toml(path, pipeline_ranks);
 }
 
 }  // namespace piper

@@ -37,7 +37,7 @@ std::vector<Directive> generate_schedule(const Directive& schedule, const Schedu
     else if (schedule.kind == "file") {
       std::filesystem::path f(schedule.file);
       if (f.is_relative() && !ctx.base_dir.empty()) f = std::filesystem::path(ctx.base_dir) / f;
-      per_rank = file_slots(f.string());
+      per_rank = file_slots(f.string(), ctx.ranks.size());
     } else {
       throw UserError(cat("schedule kind \"", schedule.kind, "\" is not available"));
     }

@@ -38,7 +38,8 @@ std::vector<std::vector<Slot>> one_f_one_b_slots(const ScheduleContext& ctx);
 std::vector<std::vector<Slot>> interleaved_slots(const ScheduleContext& ctx);
 std::vector<std::vector<Slot>> zb_h1_slots(const ScheduleContext& ctx);
 std::vector<std::vector<Slot>> dualpipev_slots(const ScheduleContext& ctx);
-// `path` is a .toml or .csv action list (see from_file.cpp).
-std::vector<std::vector<Slot>> file_slots(const std::string& path);
+// `path` is a .toml or .csv action list (see from_file.cpp) for a pipeline of `pipeline_ranks` ranks; a
+// rank past them is an error naming the file and line.
+std::vector<std::vector<Slot>> file_slots(const std::string& path, size_t pipeline_ranks);
 
 }  // namespace piper
