@@ -156,7 +156,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   if (opts.profile) profiler = std::make_unique<ProfilingKernels>(backend->kernels());
   Executor ex(plan, *backend, world, profiler.get());
   ex.set_synchronous(opts.profile || !opts.trace.empty());  // measured times are the device's
-  ex.init_parameters();
+  // A resume overwrites every parameter and moment this rank holds: the init rule runs only without one.
+  bool initialized = resume_path.empty();
+  if (initialized) ex.init_parameters();
   ex.watch_stop_flag(&stop_signal());
   std::atomic<int> output_failed{0};  // rank 0: a metrics line could not be written; every rank ends after the step
   ex.watch_failure_flag(&output_failed);
@@ -173,6 +175,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       const auto file_bytes = std::filesystem::file_size(resume_path, ec);
       WatchedTransfer watched(ex, cat("the load of ", resume_path), ec ? checkpoint_bytes(plan) : double(file_bytes));
       start = load_checkpoint(ex, resume_path);
+    } catch (const CheckpointLoadAbandoned&) {  // another rank found the fault and printed it
+      failed = 1;
     } catch (const UserError& e) {
       std::fprintf(stderr, "piper: rank %d: %s%s\n", rank, opts.resume == "auto" ? "warning: resume: skipped " : "error: ",
                    e.what());
@@ -200,6 +204,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     }
     break;
   }
+  if (!initialized && resume_path.empty()) ex.init_parameters();  // every file refused, none left: step 0
   if (stopped_before_training(resume_path.empty() ? "during start-up" : "while the checkpoint was loaded", world))
     return kExitStopped;
   const int64_t end = opts.steps > 0 ? opts.steps : plan.steps;

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,6 +28,12 @@ class BlockCheckedReader {
   // b % stride == phase are checked (ranks that read the same range share its checks).
   void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out, int stride = 1,
             int phase = 0);
+  // The same range handed over piece by piece as it is read and checked: deliver(data, at, n) receives the
+  // range's elements [at, at + n) (at from the range's start), from a buffer reused for every block, so
+  // that no copy of the whole range is made (the caller uploads each piece where it belongs).
+  using Deliver = std::function<void(const float* data, int64_t at, int64_t n)>;
+  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, const Deliver& deliver,
+            int stride = 1, int phase = 0);
 
  private:
   struct Stored {

@@ -337,9 +337,12 @@ int CheckpointSaver::finish() { return complete_pending(); }
 namespace {
 
 // Every rank reads the ranges of parameters and moments that it holds, in the order they lie in the file;
-// `checked` (version 3) reads them through whole blocks checked against their hashes. A range every
-// replica of a data-parallel group reads alike has its blocks checked by one of them each (block b by
-// replica b mod n); the ranks agree on any failure before training starts.
+// `checked` (version 3) reads them through whole blocks checked against their hashes, block by block, each
+// uploaded where it belongs as soon as it is checked (no copy of a whole range). A range every replica of a
+// data-parallel group reads alike has its blocks checked by one of them each (block b by replica b mod n);
+// the ranks agree on any failure before training starts. (Sharing the reading instead, one replica reading
+// each part and broadcasting it, was slower on one node, where the replicas share the page cache:
+// bench/README.md, "checkpoint_io".)
 void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockCheckedReader* checked) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
@@ -353,21 +356,15 @@ void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockChecke
   std::vector<Range> ranges;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
-    const int64_t shard = pb.padded / pb.group_size;
-    const int64_t lo = int64_t(plan.replica) * shard;
-    for (const auto& pp : plan.plan_params) {
-      if (pp.bucket != int32_t(b)) continue;
-      const ParamSpec& spec = plan.params[size_t(pp.model_param)];
-      for (int t = 0; t < 3; ++t) {
-        const bool sharded = t == 0 ? pb.shard_params : pb.shard_optimizer;
-        const int64_t range_lo = sharded ? lo : 0, range_hi = sharded ? lo + shard : pb.padded;
-        int64_t a = std::max(range_lo, pp.offset), e = std::min(range_hi, pp.offset + spec.numel);
-        if (a >= e) continue;
-        int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
-        const bool alike = !sharded && pb.group_size > 1;
-        ranges.push_back({t, &pp, a - pp.offset, e - a, ex.bucket_ptr(buf, a - range_lo), alike ? pb.group_size : 1,
-                          alike ? plan.replica % pb.group_size : 0});
-      }
+    for (int t = 0; t < 3; ++t) {
+      const bool sharded = t == 0 ? pb.shard_params : pb.shard_optimizer;
+      const BucketRange owned = owned_range(pb, plan.replica, sharded);
+      const int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
+      const bool alike = !sharded && pb.group_size > 1;
+      for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& piece) {
+        ranges.push_back({t, piece.pp, piece.param_begin(), piece.count(), ex.bucket_ptr(buf, piece.begin - owned.lo),
+                          alike ? pb.group_size : 1, alike ? plan.replica % pb.group_size : 0});
+      });
     }
   }
   std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) {  // groups, then parameters
@@ -379,24 +376,32 @@ void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockChecke
   for (const PlanBucket& pb : plan.buckets) replicas = std::max(replicas, int(pb.group_size));
   std::rotate(ranges.begin(), ranges.begin() + long(ranges.size() * size_t(plan.replica % replicas) / size_t(replicas)),
               ranges.end());
-  std::vector<float> host;
+  std::vector<float> host;  // versions 1 and 2: a whole range through HDF5
   for (const Range& r : ranges) {
     const ParamSpec& spec = plan.params[size_t(r.pp->model_param)];
+    if (checked) {
+      checked->read(kGroups[r.t], spec, r.begin, r.count, [&](const float* data, int64_t at, int64_t n) {
+        k.upload(r.dst + at, data, size_t(n) * sizeof(float));
+      }, r.stride, r.phase);
+      continue;
+    }
     host.resize(size_t(r.count));
-    if (checked) checked->read(kGroups[r.t], spec, r.begin, r.count, host.data(), r.stride, r.phase);
-    else read_range(file, path, kGroups[r.t], spec, r.begin, r.count, host.data());
+    read_range(file, path, kGroups[r.t], spec, r.begin, r.count, host.data());
     k.upload(r.dst, host.data(), size_t(r.count) * sizeof(float));
   }
 }
 
 }  // namespace
 
-int64_t load_checkpoint(Executor& ex, const std::string& path) {
-  h5::quiet();
+namespace {
+
+// The file's format and step, and the checks of rank 0 (the job against the checkpoint's record); throws
+// UserError naming the file.
+int64_t open_for_load(Executor& ex, const std::string& path, Handle& file, int64_t& version) {
   if (!fs::is_regular_file(path)) throw UserError(cat(path, ": no checkpoint file (it does not exist)"));
-  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file.id < 0) throw UserError(cat(path, ": not a readable HDF5 file (not a checkpoint, or truncated)"));
-  int64_t version = 0, steps = 0;
+  int64_t steps = 0;
   try {
     std::string format;
     if (!h5::read_attr_str(file, "format", format) || format != kCheckpointFormat)
@@ -410,11 +415,34 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
   }
   const Plan& plan = ex.plan();
   if (plan.rank == 0)  // the job must be the one the checkpoint was trained with, up to checkpoint.allow_changes
-    for (const std::string& w : check_resume(read_run_record(file), run_record(plan, &ex.data_identity()), plan.allow_changes, path))
+    for (const std::string& w : check_resume(read_run_record(file), run_record(plan, &ex.data_identity()),
+                                             plan.allow_changes, path))
       std::fprintf(stderr, "piper: warning: %s\n", w.c_str());
+  return steps;
+}
+
+}  // namespace
+
+int64_t load_checkpoint(Executor& ex, const std::string& path) {
+  h5::quiet();
+  // Every rank opens and checks the file; they agree on the outcome before they read together.
+  Handle file(-1, H5Fclose);
+  int64_t version = 0, steps = 0;
+  std::unique_ptr<BlockCheckedReader> checked;
+  std::string refused;
   try {
-    std::unique_ptr<BlockCheckedReader> checked;
+    steps = open_for_load(ex, path, file, version);
     if (version >= 3) checked = std::make_unique<BlockCheckedReader>(file, path);
+  } catch (const UserError& e) {
+    refused = e.what();
+  } catch (const h5::Error&) {
+    refused = cat(path, ": cannot be read (damaged or truncated file)");
+  }
+  int mine = refused.empty() ? 0 : 1, any = 0;
+  MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, ex.world()));
+  if (mine) throw UserError(refused);
+  if (any) throw CheckpointLoadAbandoned(cat(path, ": refused by another rank"));
+  try {
     read_tensors(ex, file, path, checked.get());
   } catch (const h5::Error&) {
     throw UserError(cat(path, ": cannot be read (damaged or truncated file)"));

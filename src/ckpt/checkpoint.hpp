@@ -13,6 +13,7 @@
 #include "ckpt/folder.hpp"
 #include "ckpt/verify.hpp"
 #include "runtime/executor.hpp"
+#include "util/error.hpp"
 
 namespace piper {
 
@@ -57,6 +58,12 @@ class CheckpointSaver {
   int rank_ = 0;
   std::vector<std::string> damaged_;
   std::unique_ptr<Pending> pending_;
+};
+
+// What a rank throws when another rank refused the checkpoint (and printed why): nothing to print here.
+class CheckpointLoadAbandoned : public UserError {
+ public:
+  using UserError::UserError;
 };
 
 // Every rank reads its ranges. Returns the number of completed steps stored in the file. Throws
