@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "config/model_dims.hpp"
-#include "config/optimizer_config.hpp"
+#include "util/optimizer_config.hpp"
 
 namespace piper {
 

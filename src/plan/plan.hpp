@@ -9,7 +9,7 @@
 #include "data/data.hpp"
 #include "model/model.hpp"
 #include "plan/op_table.hpp"
-#include "config/optimizer_config.hpp"
+#include "util/optimizer_config.hpp"
 
 namespace piper {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "config/optimizer_config.hpp"
+#include "util/optimizer_config.hpp"
 
 namespace piper {
 

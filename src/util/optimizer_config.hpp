@@ -1,4 +1,5 @@
-// AdamW hyperparameters and the learning-rate schedule's knobs, shared by the job file and the plan.
+// AdamW hyperparameters and the learning-rate schedule's knobs, shared by the job file, the plan and the
+// runtime: a plain struct at the bottom layer, so that the runtime needs nothing of config/.
 #pragma once
 #include <cstdint>
 #include <string>
