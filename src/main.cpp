@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  if (trains) restore_default_stop_signals();  // a failed job's ranks must go when the launcher ends them
   MPI_Finalize();
   return code;
 }

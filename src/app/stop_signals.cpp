@@ -78,6 +78,10 @@ void install_stop_signals(int rank) {
 
 void stop_signals_training_started() { g_training.store(true); }
 
+void restore_default_stop_signals() {
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) ::signal(sig, SIG_DFL);
+}
+
 const std::atomic<int>& stop_signal() { return g_stop; }
 
 }  // namespace piper

@@ -14,6 +14,10 @@ void install_stop_signals(int rank);
 // the handler says the run stops before training, with nothing to save.
 void stop_signals_training_started();
 
+// The run is over (ended, or failed): stop signals take their default action again, so that a launcher
+// ending the ranks of a failed job (SIGTERM from mpirun or srun) is not held off by the handler.
+void restore_default_stop_signals();
+
 // The signal number of the first stop request on this rank, 0 while none came.
 const std::atomic<int>& stop_signal();
 
