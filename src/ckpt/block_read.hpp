@@ -4,10 +4,13 @@
 #pragma once
 #include <hdf5.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/model.hpp"
@@ -34,6 +37,10 @@ class BlockCheckedReader {
   using Deliver = std::function<void(const float* data, int64_t at, int64_t n)>;
   void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, const Deliver& deliver,
             int stride = 1, int phase = 0);
+  // Announces a range that read() will be asked for, in the order of the reads, before the first read: a
+  // thread then brings exactly those parts of the file into the page cache, sequentially and a little
+  // ahead of the reads, so that the disk works while this thread hashes and hands on. Throws as read().
+  void expect(const char* group, const ParamSpec& p, int64_t begin, int64_t count);
 
  private:
   struct Stored {
@@ -42,12 +49,28 @@ class BlockCheckedReader {
     std::vector<uint64_t> hashes;      // recorded hash of each block
   };
   const Stored& stored(const std::string& name, const ParamSpec& p);
-  void prefetch(uint64_t at);
+  int read_at(void* dst, uint64_t bytes, uint64_t at);  // 0, or the errno of a failed read
 
   hid_t file_;
   std::string path_;
   int fd_ = -1;
-  uint64_t prefetched_from_ = 0, prefetched_to_ = 0;  // file bytes asked for ahead of the reads
+  uint64_t next_at_ = 0;     // the file byte after the last one read
+  std::vector<char> gap_;    // bytes read and dropped between two ranges, to keep the reads sequential
+  // The read-ahead: file extents [from, to) announced by expect(), merged where they (nearly) touch, and
+  // a thread reading them on its own descriptor while it is less than kAhead bytes ahead of the reads.
+  struct Extent {
+    uint64_t from, to;
+  };
+  void start_read_ahead();
+  void read_ahead_loop();
+  void stop_read_ahead();
+  std::vector<Extent> extents_;
+  int ahead_fd_ = -1;
+  std::mutex ahead_mutex_;
+  std::condition_variable ahead_wake_;
+  uint64_t consumed_ = 0;  // bytes read by read(); guarded by ahead_mutex_, as is ahead_stop_
+  bool ahead_stop_ = false;
+  std::thread ahead_;
   std::map<std::string, Stored> tensors_;
   std::vector<float> block_;  // one block of a tensor, as read
 };

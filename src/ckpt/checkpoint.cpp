@@ -376,6 +376,8 @@ void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockChecke
   for (const PlanBucket& pb : plan.buckets) replicas = std::max(replicas, int(pb.group_size));
   std::rotate(ranges.begin(), ranges.begin() + long(ranges.size() * size_t(plan.replica % replicas) / size_t(replicas)),
               ranges.end());
+  if (checked)
+    for (const Range& r : ranges) checked->expect(kGroups[r.t], plan.params[size_t(r.pp->model_param)], r.begin, r.count);
   std::vector<float> host;  // versions 1 and 2: a whole range through HDF5
   for (const Range& r : ranges) {
     const ParamSpec& spec = plan.params[size_t(r.pp->model_param)];
