@@ -36,6 +36,7 @@ CliOptions parse_cli(int argc, char** argv) {
        "write a Chrome-trace JSON timeline of the whole job (open it in Perfetto)")
       ("profile", po::bool_switch(&o.profile),
        "time every kernel call (after the first step) and print a breakdown by kernel, model segment and matmul shape")
+      ("json", po::bool_switch(&o.json), "with --dry-run: print the report as one JSON document instead of text")
       ("help,h", po::bool_switch(&o.help), "show this help")
       ("version", po::bool_switch(&o.version), "show the version");
   std::ostringstream help;
@@ -57,6 +58,7 @@ CliOptions parse_cli(int argc, char** argv) {
     if (!o.dry_run) throw UserError("command line: --fit-memory SIZE only works with --dry-run");
     o.fit_memory_bytes = parse_byte_size(o.fit_memory, "command line: --fit-memory");
   }
+  if (o.json && !o.dry_run) throw UserError("command line: --json only works with --dry-run");
   if (o.dry_run && o.profile) throw UserError("command line: --profile has no effect with --dry-run");
   if (o.dry_run && !o.resume.empty()) throw UserError("command line: --resume has no effect with --dry-run");
   return o;

@@ -19,6 +19,7 @@ struct CliOptions {
   uint64_t fit_memory_bytes = 0;       // ... and in bytes; 0: not asked
   std::string trace;                   // Chrome-trace JSON of the whole job
   bool profile = false;                // per-kernel time breakdown after the run
+  bool json = false;                   // --json (dry run): the report as one JSON document on stdout
   bool help = false, version = false;
   std::string help_text;
 };

@@ -1,5 +1,5 @@
-// --dry-run: compile and verify the job for --world N ranks on one process, print per distinct plan its
-// instruction count, plan bytes and estimated peak memory, and (--dump-plan DIR) write graph and plans.
+// --dry-run: compile and verify the job for --world N ranks on one process, report each distinct plan's size
+// and estimated memory (as text, or with --json one JSON document), and (--dump-plan DIR) write graph and plans.
 #pragma once
 #include "app/cli.hpp"
 

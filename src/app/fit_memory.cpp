@@ -139,6 +139,37 @@ void print_fit_report(const FitReport& r) {
   if (!r.replicated) std::printf("no replicate directive: ZeRO levels do not apply, one row stands for all\n");
 }
 
+void fit_report_json(JsonWriter& w, const FitReport& r) {
+  w.begin_object().key("limit_bytes").value(r.limit_bytes).key("microbatches").value(r.microbatches);
+  w.key("batch_per_sequence").value(r.batch_per_sequence).key("replicated").value(r.replicated);
+  w.key("max_sequences").value(kMaxSequences).key("rows").begin_array();
+  for (const FitRow& row : r.rows) {
+    w.begin_object().key("zero");
+    if (r.replicated) w.value(row.zero);
+    else w.null();  // ZeRO levels do not apply: the one row stands for all
+    w.key("sequences").value(row.sequences);
+    w.key("data_batch");
+    if (row.sequences > 0) w.value(row.sequences * r.batch_per_sequence);
+    else w.null();
+    w.key("peak_bytes");
+    if (row.sequences > 0) w.value(row.peak_bytes);
+    else w.null();
+    w.key("limited_by");
+    if (row.limit_set < 0) {
+      w.null();
+    } else {
+      w.begin_object().key("rank").value(row.limit_rank).key("device_set").value(row.limit_set);
+      w.key("buffer_kind").value(buffer_kind_name(BufferKind(row.limit_kind)));
+      w.key("buffer_kind_bytes").value(row.limit_kind_bytes).key("peak_bytes").value(row.limit_peak).end_object();
+    }
+    w.key("capped").value(row.capped).key("error");
+    if (row.error.empty()) w.null();
+    else w.value(row.error);
+    w.end_object();
+  }
+  w.end_array().end_object();
+}
+
 uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   size_t at = 0;
   while (at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;

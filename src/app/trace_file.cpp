@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "app/json_writer.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 #include "util/mpi_gather.hpp"
@@ -13,15 +14,6 @@
 namespace piper {
 
 namespace {
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
 
 // Same id on both ends of a message: step, sender, tag.
 unsigned long long flow_id(int64_t step, int sender, int tag) {

@@ -102,6 +102,15 @@ def run(np, config, *args, timeout=180, check=True):
     return p
 
 
+def dry_run_json(config, *args, timeout=60):
+    """The document of `piper --dry-run --json` on one process (no launcher); `args`: more options."""
+    cmd = [PIPER, "--config", config, "--dry-run", "--json"] + list(args)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return json.loads(p.stdout)
+
+
 def metrics(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -1,51 +1,57 @@
-"""--dry-run compiles and verifies without training: it prints each distinct plan's instruction count, plan
-bytes and estimated peak memory, the time and memory of each compile phase, --dump-plan writes the DAG (text, DOT) and the plans (text and binary), and nothing
-else is written (no metrics, no checkpoints). Outside a launcher it starts no MPI. --fit-memory finds, per ZeRO level, the largest microbatch whose
-estimate fits (checked against dry runs at that size and one more). --help and --version exit 0."""
+"""--dry-run compiles and verifies without training: it reports each distinct plan's instruction count, plan
+bytes and estimated peak memory by kind, the time and memory of each compile phase (--json: one JSON document,
+read here; the text shows the same rows), --dump-plan writes the DAG (text, DOT) and the plans (text and
+binary), and nothing else is written (no metrics, no checkpoints). Outside a launcher it starts no MPI.
+--fit-memory finds, per ZeRO level, the largest microbatch whose estimate fits (checked against dry runs at
+that size and one more). --json without --dry-run is refused. --help and --version exit 0."""
+import json
 import os
 import subprocess
 
-from common import PIPER, fail, run, tempdir, tiny_gpt, write
+from common import PIPER, dry_run_json, fail, run, tempdir, tiny_gpt, write
+
+
+KINDS = ("parameters", "gradients", "optimizer", "activations", "communication", "workspace")
 
 
 def dry_peak(cfg, *sets):
-    """The highest estimated peak (MiB) over the device sets of a 4-rank dry run."""
-    args = [PIPER, "--config", cfg, "--dry-run", "--world", "4"]
+    """The highest estimated peak (bytes) over the device sets of a 4-rank dry run."""
+    args = ["--world", "4"]
     for s in sets:
         args += ["--set", s]
-    p = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        fail(f"dry run {sets} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    rows = [l.split() for l in p.stdout.splitlines() if l.strip()[:1].isdigit() and len(l.split()) == 11]
-    return max(float(r[4]) for r in rows)
+    return max(s["memory"]["peak_total_bytes"] for s in dry_run_json(cfg, *args)["device_sets"])
 
 
 def check_fit_memory(d, cfg):
     # a limit a few sequences past one: the search must stop strictly inside it
     one, two = dry_peak(cfg, "data.batch=8"), dry_peak(cfg, "data.batch=16")  # 1 and 2 sequences per microbatch
-    limit = int((one + 5.5 * (two - one)) * 1048576)
-    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4", "--fit-memory", str(limit)],
-                       capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        fail(f"--fit-memory failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    out = p.stdout
-    if "data.batch = sequences per microbatch x 8" not in out:
-        fail(f"--fit-memory does not say how data.batch follows (4 microbatches x 2 replicas):\n{out}")
-    rows = [l.split() for l in out.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"], ["3"]) and "rank" in l]
-    if [r[0] for r in rows] != ["0", "1", "2", "3"]:
-        fail(f"--fit-memory should print one row per ZeRO level 0-3:\n{out}")
-    kinds = ("parameters", "gradients", "optimizer", "activations", "communication", "workspace")
+    limit = int(one + 5.5 * (two - one))
+    fit = dry_run_json(cfg, "--world", "4", "--fit-memory", str(limit), timeout=120)["fit_memory"]
+    if fit["batch_per_sequence"] != 8 or fit["limit_bytes"] != limit or not fit["replicated"]:
+        fail(f"--fit-memory does not say how data.batch follows (4 microbatches x 2 replicas): {fit}")
+    rows = fit["rows"]
+    if [r["zero"] for r in rows] != [0, 1, 2, 3]:
+        fail(f"--fit-memory should give one row per ZeRO level 0-3: {rows}")
     for r in rows:
-        zero, seqs = r[0], int(r[1])
-        if seqs < 2 or int(r[2]) != 8 * seqs or r[4] != "rank" or r[6] != "(device" or r[9] not in kinds:
-            fail(f"--fit-memory row {r} (limit {limit} B):\n{out}")
+        zero, seqs, why = r["zero"], r["sequences"], r["limited_by"]
+        if (seqs < 2 or r["data_batch"] != 8 * seqs or r["error"] is not None or r["capped"] or why is None
+                or not 0 <= why["rank"] < 4 or why["device_set"] not in (0, 1) or why["buffer_kind"] not in KINDS
+                or not 0 < why["buffer_kind_bytes"] <= why["peak_bytes"]):
+            fail(f"--fit-memory row {r} (limit {limit} B)")
         fits = dry_peak(cfg, f"data.batch={8 * seqs}", f"mesh.zero={zero}")
         over = dry_peak(cfg, f"data.batch={8 * (seqs + 1)}", f"mesh.zero={zero}")
-        if not (fits * 1048576 <= limit < over * 1048576) or abs(fits - float(r[3])) > 0.01:
-            fail(f"zero {zero}: {seqs} sequences peak at {fits} MiB, {seqs + 1} at {over} MiB; limit {limit} B; "
-                 f"row {r}")
-    print(f"ok  --fit-memory {limit}: per ZeRO level the largest fitting microbatch "
-          f"({', '.join(r[1] for r in rows)} sequences), each checked against dry runs at it and one more")
+        if not (fits <= limit < over) or fits != r["peak_bytes"] or over != why["peak_bytes"]:
+            fail(f"zero {zero}: {seqs} sequences peak at {fits} B, {seqs + 1} at {over} B; limit {limit} B; row {r}")
+    print(f"ok  --fit-memory {limit} --json: per ZeRO level the largest fitting microbatch "
+          f"({', '.join(str(r['sequences']) for r in rows)} sequences), each checked against dry runs at it and one more")
+    # the table for people: its header and a row per level
+    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4", "--fit-memory", str(limit)],
+                       capture_output=True, text=True, timeout=120)
+    text_rows = [l.split() for l in p.stdout.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"], ["3"]) and "rank" in l]
+    if (p.returncode != 0 or "data.batch = sequences per microbatch x 8" not in p.stdout
+            or [(int(t[0]), int(t[1])) for t in text_rows] != [(r["zero"], r["sequences"]) for r in rows]):
+        fail(f"--fit-memory as text ({p.returncode}) does not show the rows of --json {rows}:\n{p.stdout}\n{p.stderr}")
+    print("ok  --fit-memory as text: the same rows in a table")
     for size, why in (("80 parsecs", "is not a memory size"), ("-1GiB", "is not a memory size")):
         p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--fit-memory", size], capture_output=True, text=True,
                            timeout=30)
@@ -64,27 +70,38 @@ def main():
                 + "\n[mesh]\npp = 2\ndp = 2\nmicrobatches = 4\n")
     dump = os.path.join(d, "plan")
     metrics = os.path.join(d, "m.jsonl")
-    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4", "--dump-plan", dump, "--metrics", metrics],
-                       capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        fail(f"dry run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    out = p.stdout
-    for needle in ("dry run of 't' for 4 ranks", "instructions", "plan bytes", "est. peak MiB", "compile time",
-                   "(op = \"order\", generated, default schedule)"):
-        if needle not in out:
-            fail(f"dry-run output lacks {needle!r}:\n{out}")
+    doc = dry_run_json(cfg, "--world", "4", "--dump-plan", dump, "--metrics", metrics)
+    if doc["job"] != "t" or doc["world"] != 4 or doc["model"]["kind"] != "gpt" or doc["model"]["parameters"] <= 0:
+        fail(f"--dry-run --json: job, world or model wrong: {doc['job']!r}, {doc['world']}, {doc['model']}")
+    if not any("(op = \"order\", generated, default schedule)" in x["text"] and x["op"] == "order"
+               for x in doc["directives"]):
+        fail(f"--dry-run --json: no generated order directive among {doc['directives']}")
     # every phase of the compile with its time and memory; the phases add up to no more than the compile
-    phases = {l.split()[2]: l.split()[3:] for l in out.splitlines() if l.startswith("compile phase ")}
+    phases = {ph["name"]: ph for ph in doc["compile_phases"]}
     want = ["model", "graph", "passes", "lowering", "verification", "serialization"]
-    if [k for k in phases if k != "(name)"] != want:
-        fail(f"dry-run phases are {list(phases)}, expected {want}:\n{out}")
-    total = float(out.split("compiled in ")[1].split()[0])
-    times = [float(phases[k][0]) for k in want[:-1]]
-    if any(t < 0 for t in times) or sum(times) > total + 0.003 or float(phases["lowering"][1]) <= 0:
-        fail(f"dry-run phase times {times} (resident MiB {phases['lowering'][1]}) against a compile of {total} s")
-    rows = [l for l in out.splitlines() if l.strip().startswith(("0 ", "1 ")) and len(l.split()) > 5]
-    if len(rows) != 2:
-        fail(f"expected one summary row per device set (2), got:\n{out}")
+    if [ph["name"] for ph in doc["compile_phases"]] != want:
+        fail(f"dry-run phases are {list(phases)}, expected {want}")
+    total = doc["compile_seconds"]
+    times = [phases[k]["seconds"] for k in want[:-1]]
+    if any(t < 0 for t in times) or sum(times) > total + 0.003 or not phases["lowering"]["resident_bytes"] > 0:
+        fail(f"dry-run phase times {times} (resident {phases['lowering']['resident_bytes']} B) against a compile of "
+             f"{total} s")
+    # one entry per device set, with its size and memory estimate by kind in exact bytes
+    sets = doc["device_sets"]
+    if [s["device_set"] for s in sets] != [0, 1] or sorted(r for s in sets for r in s["ranks"]) != [0, 1, 2, 3]:
+        fail(f"expected one entry per device set (2) covering ranks 0-3, got {sets}")
+    for s in sets:
+        mem = s["memory"]
+        if (s["instructions"] <= 0 or s["plan_bytes"] <= 0 or sorted(mem["peak_bytes"]) != sorted(KINDS)
+                or sorted(mem["steady_bytes"]) != sorted(KINDS) or not 0 <= s["predicted_bubble"] < 1
+                or not max(mem["peak_bytes"].values()) <= mem["peak_total_bytes"] <= sum(mem["peak_bytes"].values())
+                or not all(isinstance(v, int) for v in list(mem["peak_bytes"].values()) + [mem["peak_total_bytes"]])
+                or not s["buckets"]):
+            fail(f"device set {s['device_set']}: {s}")
+    if doc["plan_bytes_sent"] != sum(s["plan_bytes"] for s in sets) or not doc["cost_model"]["predicted_step"] > 0:
+        fail(f"plan bytes sent {doc['plan_bytes_sent']} or predicted step {doc['cost_model']}")
+    if doc["dump_plan"]["dir"] != dump or "plan_set1.bin" not in doc["dump_plan"]["files"]:
+        fail(f"--dump-plan in the document: {doc['dump_plan']}")
     for name in ("graph.txt", "graph.dot", "directives.txt", "plan_set0.txt", "plan_set1.txt", "plan_set0.bin",
                  "plan_set1.bin"):
         path = os.path.join(dump, name)
@@ -113,12 +130,32 @@ def main():
     if p.returncode != 0 or "dry run of 't' for 4 ranks" not in p.stdout:
         fail(f"a dry run outside mpirun with a broken MPI: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
     print("ok  --dry-run outside a launcher runs without MPI")
+    # the report for people: the same numbers as the document, in columns
+    out = p.stdout
+    for needle in ("instructions", "plan bytes", "est. peak MiB", "compile time", "compile phase serialization",
+                   "(op = \"order\", generated, default schedule)"):
+        if needle not in out:
+            fail(f"dry-run output lacks {needle!r}:\n{out}")
+    rows = [l.split() for l in out.splitlines() if l.strip().startswith(("0 ", "1 ")) and len(l.split()) > 5]
+    if [(int(r[0]), int(r[2])) for r in rows] != [(s["device_set"], s["instructions"]) for s in sets]:
+        fail(f"the text rows do not show the document's device sets {sets}:\n{out}")
+    print("ok  --dry-run as text: the same device sets in a table")
 
     # under mpirun a dry run compiles once (rank 0) and exits 0 on every rank
-    p = run(2, cfg, "--dry-run", "--set", "mesh.pp=2", "--set", "mesh.dp=1")
-    if p.stdout.count("dry run of") != 1:
-        fail(f"dry run under mpirun printed {p.stdout.count('dry run of')} summaries")
-    print("ok  --dry-run under mpirun: one summary, exit 0")
+    p = run(2, cfg, "--dry-run", "--json", "--set", "mesh.pp=2", "--set", "mesh.dp=1")
+    try:
+        one = json.loads(p.stdout)  # two ranks printing would make two documents
+    except ValueError as e:
+        fail(f"dry run under mpirun did not print one JSON document ({e}):\n{p.stdout}")
+    if one["world"] != 2 or len(one["device_sets"]) != 2:
+        fail(f"dry run under mpirun: world {one['world']}, {len(one['device_sets'])} device sets")
+    print("ok  --dry-run --json under mpirun: one document, exit 0")
+
+    # --json belongs to the dry run
+    p = subprocess.run([PIPER, "--config", cfg, "--json"], capture_output=True, text=True, timeout=30)
+    if p.returncode != 2 or "--json only works with --dry-run" not in p.stderr or p.stdout:
+        fail(f"--json without --dry-run: exit {p.returncode}, {p.stdout!r}, {p.stderr!r}")
+    print("ok  --json without --dry-run: exit 2")
 
     check_fit_memory(d, cfg)
 
