@@ -37,6 +37,8 @@ CliOptions parse_cli(int argc, char** argv) {
       ("profile", po::bool_switch(&o.profile),
        "time every kernel call (after the first step) and print a breakdown by kernel, model segment and matmul shape")
       ("json", po::bool_switch(&o.json), "with --dry-run: print the report as one JSON document instead of text")
+      ("report-json", po::value<std::string>(&o.report_json)->value_name("FILE"),
+       "write every rank's end-of-run reports (time, memory, replica check, --profile's tables) as one JSON document")
       ("help,h", po::bool_switch(&o.help), "show this help")
       ("version", po::bool_switch(&o.version), "show the version");
   std::ostringstream help;
@@ -58,7 +60,12 @@ CliOptions parse_cli(int argc, char** argv) {
     if (!o.dry_run) throw UserError("command line: --fit-memory SIZE only works with --dry-run");
     o.fit_memory_bytes = parse_byte_size(o.fit_memory, "command line: --fit-memory");
   }
-  if (o.json && !o.dry_run) throw UserError("command line: --json only works with --dry-run");
+  if (o.json && !o.dry_run)
+    throw UserError("command line: --json only works with --dry-run (a training run writes its reports as JSON with "
+                    "--report-json FILE)");
+  if (o.dry_run && !o.report_json.empty())
+    throw UserError("command line: --report-json FILE has no effect with --dry-run (--json prints the dry run's report "
+                    "as JSON)");
   if (o.dry_run && o.profile) throw UserError("command line: --profile has no effect with --dry-run");
   if (o.dry_run && !o.resume.empty()) throw UserError("command line: --resume has no effect with --dry-run");
   return o;

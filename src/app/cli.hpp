@@ -20,6 +20,7 @@ struct CliOptions {
   std::string trace;                   // Chrome-trace JSON of the whole job
   bool profile = false;                // per-kernel time breakdown after the run
   bool json = false;                   // --json (dry run): the report as one JSON document on stdout
+  std::string report_json;             // --report-json FILE: the end-of-run reports as one JSON document
   bool help = false, version = false;
   std::string help_text;
 };

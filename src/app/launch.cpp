@@ -73,6 +73,11 @@ JobSpec load_and_check(const CliOptions& opts, int world) {
     std::string why = unwritable_reason(parent.empty() ? std::filesystem::path(".") : parent);
     if (!why.empty()) throw UserError(cat("--trace ", opts.trace, ": cannot be written: ", why));
   }
+  if (!opts.report_json.empty()) {
+    std::filesystem::path parent = std::filesystem::path(opts.report_json).parent_path();
+    std::string why = unwritable_reason(parent.empty() ? std::filesystem::path(".") : parent);
+    if (!why.empty()) throw UserError(cat("--report-json ", opts.report_json, ": cannot be written: ", why));
+  }
   return spec;
 }
 

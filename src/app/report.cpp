@@ -30,55 +30,60 @@ double mib(double bytes) { return bytes / 1048576.0; }
 
 }  // namespace
 
-void report_memory(Executor& ex, MPI_Comm world) {
+std::vector<RankMemory> report_memory(Executor& ex, MPI_Comm world) {
   const Plan& plan = ex.plan();
   MemoryStats st = ex.buffers().stats();
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  // per rank: held between steps (measured), peak (measured), peak (estimated), held (estimated)
-  const int K = kBufferKinds;
-  std::vector<double> mine(size_t(4 * K + 2));
-  for (int k = 0; k < K; ++k) {
-    mine[size_t(k)] = double(st.live_by_kind[k]);
-    mine[size_t(K + k)] = double(st.peak_by_kind[k]);
-    mine[size_t(2 * K + k)] = double(plan.memory.peak_by_kind[k]);
-    mine[size_t(3 * K + k)] = double(plan.memory.steady_by_kind[k]);
+  RankMemory mine;
+  for (int k = 0; k < kBufferKinds; ++k) {
+    mine.held[k] = uint64_t(st.live_by_kind[k]);
+    mine.peak[k] = uint64_t(st.peak_by_kind[k]);
+    mine.estimated_peak[k] = plan.memory.peak_by_kind[k];
+    mine.estimated_steady[k] = plan.memory.steady_by_kind[k];
   }
-  mine[size_t(4 * K)] = double(st.peak_total);
-  mine[size_t(4 * K + 1)] = double(plan.memory.peak_total);
-  std::vector<double> all(rank == 0 ? mine.size() * size_t(size) : 0);
-  MPI_CHECK(MPI_Gather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE, 0, world));
-  if (rank != 0) return;
+  mine.peak_total = uint64_t(st.peak_total);
+  mine.estimated_peak_total = plan.memory.peak_total;
+  static_assert(sizeof(RankMemory) % sizeof(uint64_t) == 0, "RankMemory is sent as 64-bit words");
+  constexpr int words = int(sizeof(RankMemory) / sizeof(uint64_t));
+  std::vector<RankMemory> all(rank == 0 ? size_t(size) : 0);
+  MPI_CHECK(MPI_Gather(&mine, words, MPI_UINT64_T, all.data(), words, MPI_UINT64_T, 0, world));
+  if (rank != 0) return all;
+  const int K = kBufferKinds;
   std::printf("memory per rank in MiB, measured (estimated): held between steps | peak\n");
   std::printf("%5s", "rank");
   for (int k = 0; k < K; ++k) std::printf(" %23s", buffer_kind_name(BufferKind(k)));
   std::printf(" %23s\n", "peak total");
   for (int r = 0; r < size; ++r) {
-    const double* v = &all[size_t(r) * mine.size()];
+    const RankMemory& v = all[size_t(r)];
     std::printf("%5d", r);
     for (int k = 0; k < K; ++k) {
       const bool steady = BufferKind(k) == BufferKind::Param || BufferKind(k) == BufferKind::Grad ||
                           BufferKind(k) == BufferKind::OptState;
       // parameters, gradients and optimizer state: held between steps; the rest: peak
-      double m = steady ? v[k] : v[K + k], e = steady ? v[3 * K + k] : v[2 * K + k];
+      const double m = double(steady ? v.held[k] : v.peak[k]);
+      const double e = double(steady ? v.estimated_steady[k] : v.estimated_peak[k]);
       std::printf(" %10.2f (%10.2f)", mib(m), mib(e));
     }
-    std::printf(" %10.2f (%10.2f)\n", mib(v[4 * K]), mib(v[4 * K + 1]));
+    std::printf(" %10.2f (%10.2f)\n", mib(double(v.peak_total)), mib(double(v.estimated_peak_total)));
   }
   for (int r = 0; r < size; ++r) {
-    const double* v = &all[size_t(r) * mine.size()];
+    const RankMemory& v = all[size_t(r)];
     std::printf("memory rank=%d", r);
     const char* keys[K] = {"param", "grad", "optim", "act", "comm", "workspace"};
-    for (int k = 0; k < K; ++k) std::printf(" held_%s=%.0f", keys[k], v[k]);
-    for (int k = 0; k < K; ++k) std::printf(" peak_%s=%.0f", keys[k], v[K + k]);
-    for (int k = 0; k < K; ++k) std::printf(" est_peak_%s=%.0f", keys[k], v[2 * K + k]);
-    std::printf(" peak_total=%.0f est_peak_total=%.0f\n", v[4 * K], v[4 * K + 1]);
+    for (int k = 0; k < K; ++k) std::printf(" held_%s=%llu", keys[k], static_cast<unsigned long long>(v.held[k]));
+    for (int k = 0; k < K; ++k) std::printf(" peak_%s=%llu", keys[k], static_cast<unsigned long long>(v.peak[k]));
+    for (int k = 0; k < K; ++k)
+      std::printf(" est_peak_%s=%llu", keys[k], static_cast<unsigned long long>(v.estimated_peak[k]));
+    std::printf(" peak_total=%llu est_peak_total=%llu\n", static_cast<unsigned long long>(v.peak_total),
+                static_cast<unsigned long long>(v.estimated_peak_total));
   }
   std::fflush(stdout);
+  return all;
 }
 
-bool check_replicas(Executor& ex, MPI_Comm world) {
+ReplicaCheck check_replicas(Executor& ex, MPI_Comm world) {
   const Plan& plan = ex.plan();
   Kernels& k = ex.backend().kernels();
   int rank = 0, size = 1;
@@ -116,6 +121,7 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
   }
   Gathered<uint64_t> all = gather_to_root(mine, world);
   int ok = 1;
+  ReplicaCheck check;
   if (rank == 0) {
     std::map<uint64_t, std::pair<int, uint64_t>> first;  // param → (rank, hash) of its first holder
     int compared = 0;
@@ -128,6 +134,9 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
         if (it->second.second != hash) {
           std::fprintf(stderr, "piper: error: replicas diverged: parameter '%s' differs between rank %d and rank %d\n",
                        plan.params[size_t(param)].name.c_str(), it->second.first, r);
+          check.differing_parameter = plan.params[size_t(param)].name;
+          check.differing_ranks[0] = it->second.first;
+          check.differing_ranks[1] = r;
           ok = 0;
           break;
         }
@@ -135,9 +144,11 @@ bool check_replicas(Executor& ex, MPI_Comm world) {
     if (ok && compared > 0)
       std::printf("replicas: %d copies of parameters on other ranks are bit-identical to the first holder's\n",
                   compared);
+    check.copies_compared = compared;
   }
   MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, world));
-  return ok != 0;
+  check.identical = ok != 0;
+  return check;
 }
 
 void print_in_rank_order(const std::string& text, MPI_Comm world) {

@@ -1,6 +1,7 @@
 // Chrome-trace output and the time summary (see trace_file.hpp).
 #include "app/trace_file.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -63,7 +64,7 @@ void write_trace(const std::string& path, Executor& ex, const std::vector<TraceE
               all.size());
 }
 
-void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_Comm world) {
+TimeReport report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_Comm world) {
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -77,25 +78,44 @@ void report_times(const Plan& plan, const StepTimes& total, int64_t steps, MPI_C
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, world));
   std::vector<double> all(rank == 0 ? size_t(K * size) : 0);
   MPI_CHECK(MPI_Gather(mine, K, MPI_DOUBLE, all.data(), K, MPI_DOUBLE, 0, world));
-  if (rank != 0 || steps <= 0) return;
+  TimeReport report;
+  report.steps = steps;
+  report.all_to_all = any != 0;
+  if (rank != 0 || steps <= 0) return report;
+  for (int r = 0; r < size; ++r) {
+    const double* v = &all[size_t(K * r)];
+    const double n = double(steps);
+    RankTimes t;
+    t.wall_ms = v[0] / n * 1e3;
+    t.compute_ms = v[1] / n * 1e3;
+    t.communication_ms = v[2] / n * 1e3;
+    const double wall = v[0] / n, compute = v[1] / n;
+    t.bubble = wall > 0 ? std::max(0.0, 1.0 - compute / wall) : 0;
+    t.predicted_bubble = v[6];
+    t.communication_hidden = v[2] > 0 ? v[3] / v[2] : 0;
+    t.p2p_bytes = v[4] / n;
+    t.collective_bytes = v[5] / n;
+    t.all_to_all_ms = v[7] / n * 1e3;
+    t.all_to_all_hidden = v[7] > 0 ? v[8] / v[7] : 0.0;
+    t.all_to_all_exposed_ms = (v[7] - v[8]) / n * 1e3;
+    report.ranks.push_back(t);
+  }
   std::printf("time per step, mean of %lld steps after the first (ms): wall, compute, bubble (idle share) next to "
               "the cost model's, communication, hidden behind compute, MB sent\n",
               static_cast<long long>(steps));
   for (int r = 0; r < size; ++r) {
-    const double* v = &all[size_t(K * r)];
-    const double wall = v[0] / double(steps), compute = v[1] / double(steps), comm = v[2] / double(steps);
-    const double bubble = wall > 0 ? std::max(0.0, 1.0 - compute / wall) : 0;
-    const double hidden = v[2] > 0 ? v[3] / v[2] : 0;
+    const RankTimes& t = report.ranks[size_t(r)];
     std::printf("timeline rank=%d wall_ms=%.3f compute_ms=%.3f bubble=%.4f predicted_bubble=%.4f comm_ms=%.3f "
                 "hidden=%.4f p2p_mb=%.4f collective_mb=%.4f",
-                r, wall * 1e3, compute * 1e3, bubble, v[6], comm * 1e3, hidden, v[4] / double(steps) / 1e6,
-                v[5] / double(steps) / 1e6);
-    if (any)  // all-to-all time, the share of it hidden behind compute, and the exposed rest
-      std::printf(" a2a_ms=%.3f a2a_hidden=%.4f a2a_exposed_ms=%.3f", v[7] / double(steps) * 1e3,
-                  v[7] > 0 ? v[8] / v[7] : 0.0, (v[7] - v[8]) / double(steps) * 1e3);
+                r, t.wall_ms, t.compute_ms, t.bubble, t.predicted_bubble, t.communication_ms, t.communication_hidden,
+                t.p2p_bytes / 1e6, t.collective_bytes / 1e6);
+    if (report.all_to_all)  // all-to-all time, the share of it hidden behind compute, and the exposed rest
+      std::printf(" a2a_ms=%.3f a2a_hidden=%.4f a2a_exposed_ms=%.3f", t.all_to_all_ms, t.all_to_all_hidden,
+                  t.all_to_all_exposed_ms);
     std::printf("\n");
   }
   std::fflush(stdout);
+  return report;
 }
 
 }  // namespace piper

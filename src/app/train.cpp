@@ -17,6 +17,7 @@
 
 #include "app/metrics_file.hpp"
 #include "app/report.hpp"
+#include "app/run_report.hpp"
 #include "app/stop_signals.hpp"
 #include "app/trace_file.hpp"
 #include "backend/backend.hpp"
@@ -391,15 +392,28 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   if (!plan.checkpoint_dir.empty() && rank == 0 && end > start)
     std::printf("checkpoint: %s\n", checkpoint_path(plan.checkpoint_dir, end).c_str());
   if (!opts.trace.empty()) write_trace(opts.trace, ex, trace, world);
-  report_times(plan, times, timed_steps, world);
+  const bool report_json = !opts.report_json.empty();
+  RunReport report;  // rank 0, for --report-json
+  report.times = report_times(plan, times, timed_steps, world);
   if (profiler) {
-    std::string text = format_profile(profiler->take(profiled_seconds, timed_steps), rank);
+    const KernelProfile profile = profiler->take(profiled_seconds, timed_steps);
+    std::string text = format_profile(profile, rank);
     if (backend->name() != "cpu")
       text += "  (kernels run asynchronously on this backend: the times are the host's launch times)\n";
     print_in_rank_order(text, world);
+    if (report_json) report.profiles = gather_json(profile_json(profile), world);
   }
-  report_memory(ex, world);
-  return check_replicas(ex, world) ? 0 : 1;
+  report.memory = report_memory(ex, world);
+  report.replicas = check_replicas(ex, world);
+  if (report_json && rank == 0) {
+    report.job = plan.job_name;
+    report.backend = backend->name();
+    report.world = plan.world;
+    report.first_step = start + 1;
+    report.last_step = end;
+    write_run_report(opts.report_json, report);
+  }
+  return report.replicas.identical ? 0 : 1;
 }
 
 }  // namespace piper

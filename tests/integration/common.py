@@ -111,6 +111,12 @@ def dry_run_json(config, *args, timeout=60):
     return json.loads(p.stdout)
 
 
+def report(path):
+    """The document a run's --report-json wrote."""
+    with open(path) as f:
+        return json.load(f)
+
+
 def metrics(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -3,7 +3,8 @@ bytes and estimated peak memory by kind, the time and memory of each compile pha
 read here; the text shows the same rows), --dump-plan writes the DAG (text, DOT) and the plans (text and
 binary), and nothing else is written (no metrics, no checkpoints). Outside a launcher it starts no MPI.
 --fit-memory finds, per ZeRO level, the largest microbatch whose estimate fits (checked against dry runs at
-that size and one more). --json without --dry-run is refused. --help and --version exit 0."""
+that size and one more). --json and --report-json are refused where they do not apply. --help and --version
+exit 0."""
 import json
 import os
 import subprocess
@@ -151,11 +152,17 @@ def main():
         fail(f"dry run under mpirun: world {one['world']}, {len(one['device_sets'])} device sets")
     print("ok  --dry-run --json under mpirun: one document, exit 0")
 
-    # --json belongs to the dry run
-    p = subprocess.run([PIPER, "--config", cfg, "--json"], capture_output=True, text=True, timeout=30)
-    if p.returncode != 2 or "--json only works with --dry-run" not in p.stderr or p.stdout:
-        fail(f"--json without --dry-run: exit {p.returncode}, {p.stdout!r}, {p.stderr!r}")
-    print("ok  --json without --dry-run: exit 2")
+    # --json belongs to the dry run, --report-json to a training run
+    for args, why in ((["--json"], "--json only works with --dry-run"),
+                      (["--dry-run", "--report-json", os.path.join(d, "r.json")], "--report-json FILE has no effect")):
+        p = subprocess.run([PIPER, "--config", cfg] + args, capture_output=True, text=True, timeout=30)
+        if p.returncode != 2 or why not in p.stderr or p.stdout:
+            fail(f"{args}: exit {p.returncode}, {p.stdout!r}, {p.stderr!r}")
+    inside_file = os.path.join(cfg, "r.json")
+    p = run(1, cfg, "--report-json", inside_file, "--set", "mesh.pp=1", "--set", "mesh.dp=1", check=False)
+    if p.returncode != 2 or f"--report-json {inside_file}: cannot be written" not in p.stderr or os.path.exists(ck):
+        fail(f"--report-json inside a file: exit {p.returncode}, {p.stderr!r}")
+    print("ok  --json without --dry-run, --report-json with it, or where no file can be made: exit 2, nothing run")
 
     check_fit_memory(d, cfg)
 

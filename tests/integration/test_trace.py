@@ -1,12 +1,13 @@
 """--trace writes one Chrome-trace JSON for the whole job: a process per rank, a thread per stream, spans for
 F/B/BI/BW/UPDATE and every communication, and flow arrows pairing each SEND with its RECV; the run prints
-each rank's measured bubble next to the predicted one; tools/draw-schedule.py draws the trace as a PNG; --profile prints every rank's per-kernel breakdown."""
+each rank's measured bubble next to the predicted one; tools/draw-schedule.py draws the trace as a PNG; --profile
+reports every rank's per-kernel breakdown (read from --report-json)."""
 import json
 import os
 import re
 import subprocess
 
-from common import ROOT, fail, run, tempdir, tiny_gpt, write
+from common import ROOT, fail, report, run, tempdir, tiny_gpt, write
 
 
 def main():
@@ -34,7 +35,8 @@ op = "schedule"
 kind = "zb-h1"
 """
     trace = os.path.join(d, "trace.json")
-    p = run(4, write(d, "job.toml", job), "--trace", trace)
+    summary = os.path.join(d, "report.json")
+    p = run(4, write(d, "job.toml", job), "--trace", trace, "--report-json", summary)
     data = json.load(open(trace))
     events = data["traceEvents"]
     procs = {e["pid"] for e in events if e.get("name") == "process_name"}
@@ -60,14 +62,16 @@ kind = "zb-h1"
         fail(f"flow arrows: {len(starts)} starts, {len(ends)} ends, {sends} sends; every SEND needs one arrow to its RECV")
     print(f"ok  trace: 4 processes, streams per rank, {len(spans)} spans, {len(starts)} SEND->RECV arrows, steps 2..6")
 
-    lines = [l for l in p.stdout.splitlines() if l.startswith("timeline rank=")]
-    if len(lines) != 4:
+    ranks = report(summary)["ranks"]
+    if [r["rank"] for r in ranks] != [0, 1, 2, 3] or any("time" not in r for r in ranks):
+        fail(f"expected the times of every rank in the report: {ranks}")
+    for r in ranks:
+        t = r["time"]
+        if not (0 <= t["bubble"] < 1 and 0 < t["predicted_bubble"] < 1):
+            fail(f"rank {r['rank']}: measured and predicted bubble out of range: {t}")
+    if len([l for l in p.stdout.splitlines() if l.startswith("timeline rank=")]) != 4:  # the lines for people
         fail(f"expected a timeline line per rank:\n{p.stdout}")
-    for l in lines:
-        m = re.search(r"bubble=([\d.]+) predicted_bubble=([\d.]+)", l)
-        if not m or not (0 <= float(m.group(1)) < 1 and 0 < float(m.group(2)) < 1):
-            fail(f"measured and predicted bubble missing or out of range: {l}")
-    print("ok  measured bubble printed next to the predicted one on every rank")
+    print("ok  measured bubble reported next to the predicted one on every rank (--report-json and text)")
 
     png = os.path.join(d, "trace.png")
     r = subprocess.run(["python3", os.path.join(ROOT, "tools", "draw-schedule.py"), trace, "-o", png],
@@ -77,18 +81,23 @@ kind = "zb-h1"
     print(f"ok  draw-schedule: {r.stdout.strip()}")
 
     # --profile: every rank's kernel, region and matmul-shape tables, after the warm-up step
-    p = run(2, write(d, "pp2.toml", tiny_gpt(steps=4, layers=4, batch=16)), "--profile", "--set", "mesh.pp=2")
+    summary = os.path.join(d, "profile.json")
+    p = run(2, write(d, "pp2.toml", tiny_gpt(steps=4, layers=4, batch=16)), "--profile", "--set", "mesh.pp=2",
+            "--report-json", summary)
+    ranks = report(summary)["ranks"]
+    shapes, regions = [], set()
     for rank in (0, 1):
-        m = re.search(rf"profile rank {rank}: 3 steps, ([\d.]+) ms per step, ([\d.]+) ms of it in kernels", p.stdout)
-        if not m or not 0 < float(m.group(2)) <= float(m.group(1)) * 1.05:
-            fail(f"--profile: no plausible summary for rank {rank}:\n{p.stdout}")
-    shapes = re.findall(r"^  linear_\w+ +N=(\d+) +C=(\d+) +OC=(\d+) +[\d.]+ +[\d.]+ +[\d.]+% +([\d.]+)$", p.stdout, re.M)
-    regions = set(re.findall(r"^  (blocks\.\d|embedding|head) ", p.stdout, re.M))
-    if not shapes or any(float(g) <= 0 for *_, g in shapes) or regions != {"blocks.0", "blocks.1", "blocks.2",
-                                                                           "blocks.3", "embedding", "head"}:
-        fail(f"--profile: matmul shapes with GFLOP/s and every segment expected:\n{p.stdout}")
+        prof = ranks[rank].get("profile")
+        if (not prof or prof["steps"] != 3 or not 0 < prof["kernel_ms_per_step"] <= prof["wall_ms_per_step"] * 1.05
+                or f"profile rank {rank}: 3 steps" not in p.stdout):
+            fail(f"--profile: no plausible summary for rank {rank}: {prof}\n{p.stdout}")
+        shapes += [m for m in prof["matmul_shapes"] if m["kernel"].startswith("linear_")]
+        regions |= {r["name"] for r in prof["regions"] if re.fullmatch(r"blocks\.\d|embedding|head", r["name"])}
+    if (not shapes or any(not m["gflops_per_s"] > 0 or min(m["rows"], m["in_features"], m["out_features"]) <= 0
+                          for m in shapes)
+            or regions != {"blocks.0", "blocks.1", "blocks.2", "blocks.3", "embedding", "head"}):
+        fail(f"--profile: matmul shapes with GFLOP/s and every segment expected: {shapes}, {sorted(regions)}")
     print(f"ok  --profile: both ranks' tables, {len(shapes)} matmul shape rows, regions {sorted(regions)}")
-
 
 if __name__ == "__main__":
     main()

@@ -4,12 +4,11 @@ says so); the bytes each rank holds between steps match the fp32-AdamW theory (1
 16Ψ/N) within 5% plus bucket padding; ZeRO-3's transient parameter peak stays within two buckets of full
 parameters; under ZeRO-2 and -3 at most grad_buckets_in_flight (default 2; 1 is tried too) full-gradient
 buffers are alive at once, so the gradient peak stays within the shard plus that many of the largest
-bucket; the compiler's peak-memory estimate is within 10% of the measured peak, its gradient peak within 2%."""
+bucket; the compiler's peak-memory estimate is within 10% of the measured peak, its gradient peak within 2%.
+(Memory, the replica check and bucket sizes are read from --report-json and --dry-run --json.)"""
 import os
-import re
-import subprocess
 
-from common import PIPER, compare, fail, losses, run, tempdir, tiny_gpt, write
+from common import compare, dry_run_json, fail, losses, report, run, tempdir, tiny_gpt, write
 
 V, T, C, F, L = 256, 16, 32, 64, 6
 
@@ -31,22 +30,25 @@ def theory(zero, psi, n):
     return {0: 16 * psi, 1: (8 + 8 / n) * psi, 2: (4 + 12 / n) * psi, 3: 16 * psi / n}[zero]
 
 
-def memory_lines(stdout):
-    rows = {}
-    for line in stdout.splitlines():
-        if line.startswith("memory rank="):
-            fields = dict(kv.split("=") for kv in line.split()[1:])
-            rows[int(fields.pop("rank"))] = {k: float(v) for k, v in fields.items()}
-    return rows
+def held(memory):
+    """Bytes held between steps: parameters, gradients and optimizer state (measured)."""
+    return sum(memory["held_bytes"][k] for k in ("parameters", "gradients", "optimizer"))
+
+
+def memory_by_rank(path):
+    """{rank: memory} of a run's --report-json: measured held and peak bytes by kind and the estimates."""
+    return {r["rank"]: r["memory"] for r in report(path)["ranks"]}
 
 
 def bucket_bytes(cfg, world, sets):
-    """Full-bucket sizes of device set 0's plan, from --dry-run --dump-plan."""
-    d = tempdir()
-    subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", str(world), "--dump-plan", d] + sets,
-                   check=True, capture_output=True, text=True)
-    text = open(os.path.join(d, "plan_set0.txt")).read()
-    return [4 * int(m) for m in re.findall(r"params \(padded (\d+)\)", text)]
+    """Full-bucket sizes of device set 0's plan, from --dry-run --json."""
+    return [4 * b["padded"] for b in dry_run_json(cfg, "--world", str(world), *sets)["device_sets"][0]["buckets"]]
+
+
+def replicas_checked(path):
+    """Did the run compare replicated parameters and find every copy bit-identical?"""
+    replicas = report(path)["replicas"]
+    return replicas["identical"] and replicas["copies_compared"] > 0
 
 
 def main():
@@ -65,47 +67,51 @@ def main():
     for zero, name, ranks, sets, n, bucket_mb in cases:
         sets = sets + ["--set", f"mesh.zero={zero}", "--set", f"mesh.bucket_mb={bucket_mb}"]
         out = os.path.join(d, f"z{zero}{name}{bucket_mb}.jsonl")
-        p = run(ranks, ref_cfg, "--metrics", out, *sets)
+        summary = os.path.join(d, f"z{zero}{name}{bucket_mb}.json")
+        p = run(ranks, ref_cfg, "--metrics", out, "--report-json", summary, *sets)
         label = f"ZeRO-{zero} {name}" + (f" bucket_mb={bucket_mb}" if bucket_mb != 0.05 else "")
         compare(label, ref, losses(out), 1e-5)
-        if "bit-identical" not in p.stdout:
-            fail(f"{label}: no replica check in the output:\n{p.stdout}")
-        mem = memory_lines(p.stdout)
+        if not replicas_checked(summary):
+            fail(f"{label}: no replica check in the report: {report(summary)['replicas']}\n{p.stdout}")
+        mem = memory_by_rank(summary)
+        if sorted(mem) != list(range(ranks)):
+            fail(f"{label}: the report has the memory of ranks {sorted(mem)}, expected 0..{ranks - 1}")
         buckets = bucket_bytes(ref_cfg, ranks, sets)
         for rank, m in mem.items():
+            peak, est = m["peak_bytes"], m["estimated_peak_bytes"]
             if name.startswith("PP"):
                 stage = rank % 2
                 psi = stage_params(0, 2, True, False) if stage == 0 else stage_params(3, 5, False, True)
             else:
                 psi = stage_params(0, L - 1, True, True)
-            held = m["held_param"] + m["held_grad"] + m["held_optim"]
+            between_steps = held(m)
             want = theory(zero, psi, n)  # bytes: Ψ parameters, fp32 AdamW
             padding = 4 * 4 * n * (len(buckets) + 1)  # up to n-1 elements per bucket in 4 buffers
-            if not (want <= held <= want * 1.05 + padding):
-                fail(f"{label} rank {rank}: holds {held:.0f} bytes between steps, theory {want:.0f} "
+            if not (want <= between_steps <= want * 1.05 + padding):
+                fail(f"{label} rank {rank}: holds {between_steps:.0f} bytes between steps, theory {want:.0f} "
                      f"(+5% and {padding} padding)")
-            est, meas = m["est_peak_total"], m["peak_total"]
-            if abs(est - meas) > 0.10 * meas:
-                fail(f"{label} rank {rank}: estimated peak {est:.0f} vs measured {meas:.0f} (> 10% apart)")
+            est_total, meas = m["estimated_peak_total_bytes"], m["peak_total_bytes"]
+            if abs(est_total - meas) > 0.10 * meas:
+                fail(f"{label} rank {rank}: estimated peak {est_total:.0f} vs measured {meas:.0f} (> 10% apart)")
             if zero >= 2:
                 # measured, and the compiler's estimate (the worst case it allows): at most two buckets'
                 # full gradients alive, whatever the number of buckets
-                transient = max(m["peak_grad"], m["est_peak_grad"]) - m["held_grad"]
+                transient = max(peak["gradients"], est["gradients"]) - m["held_bytes"]["gradients"]
                 if transient > in_flight * max(buckets):
                     fail(f"{label} rank {rank}: transient gradient peak {transient:.0f} bytes exceeds "
                          f"{in_flight} bucket(s) in flight ({in_flight * max(buckets)} bytes)")
-                if abs(m["est_peak_grad"] - m["peak_grad"]) > 0.02 * m["peak_grad"]:
-                    fail(f"{label} rank {rank}: estimated gradient peak {m['est_peak_grad']:.0f} vs measured "
-                         f"{m['peak_grad']:.0f} (> 2% apart)")
+                if abs(est["gradients"] - peak["gradients"]) > 0.02 * peak["gradients"]:
+                    fail(f"{label} rank {rank}: estimated gradient peak {est['gradients']} vs measured "
+                         f"{peak['gradients']} (> 2% apart)")
             if zero == 3:
-                transient = m["peak_param"] - m["held_param"]
+                transient = peak["parameters"] - m["held_bytes"]["parameters"]
                 if transient > 2 * max(buckets) * 1.05:
                     fail(f"{label} rank {rank}: transient parameter peak {transient:.0f} bytes exceeds two "
                          f"buckets ({2 * max(buckets)} bytes)")
         r0 = mem[0]
-        held0 = r0["held_param"] + r0["held_grad"] + r0["held_optim"]
-        print(f"    rank 0 holds {held0 / 1024:.1f} KiB between steps; peak {r0['peak_total'] / 1024:.1f} KiB, "
-              f"estimated {r0['est_peak_total'] / 1024:.1f} KiB; {len(buckets)} buckets")
+        held0 = held(r0)
+        print(f"    rank 0 holds {held0 / 1024:.1f} KiB between steps; peak {r0['peak_total_bytes'] / 1024:.1f} KiB, "
+              f"estimated {r0['estimated_peak_total_bytes'] / 1024:.1f} KiB; {len(buckets)} buckets")
     schedules_with_zero(d, ref)
 
 
@@ -126,10 +132,11 @@ def schedules_with_zero(d, ref):
     for kind, zero, ranges, rank_of, m in cases:
         cfg = write(d, f"{kind}{zero}.toml", job(kind, zero, ranges, rank_of, m))
         out = os.path.join(d, f"{kind}{zero}.jsonl")
-        p = run(4, cfg, "--metrics", out)
+        summary = os.path.join(d, f"{kind}{zero}.json")
+        run(4, cfg, "--metrics", out, "--report-json", summary)
         compare(f"{kind} with ZeRO-{zero}, PP2xDP2", ref, losses(out), 1e-5)
-        if "bit-identical" not in p.stdout:
-            fail(f"{kind} ZeRO-{zero}: no replica check in the output")
+        if not replicas_checked(summary):
+            fail(f"{kind} ZeRO-{zero}: no replica check in the report: {report(summary)['replicas']}")
 
 
 if __name__ == "__main__":
