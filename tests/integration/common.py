@@ -10,6 +10,7 @@ import tempfile
 import time
 
 PIPER = os.environ.get("PIPER", os.path.join(os.getcwd(), "build", "piper"))
+CKPT = os.path.join(os.path.dirname(PIPER), "piper-ckpt")
 ROOT = os.environ.get("PIPER_SOURCE_DIR", os.getcwd())
 DATA = os.path.join(ROOT, "data", "fortunes.txt")
 
@@ -115,6 +116,58 @@ def report(path):
     """The document a run's --report-json wrote."""
     with open(path) as f:
         return json.load(f)
+
+
+def piper_ckpt(*args, want=0, timeout=120):
+    """Runs piper-ckpt; fails unless it exits `want` (None: any code, the caller looks)."""
+    p = subprocess.run([CKPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if want is not None and p.returncode != want:
+        fail(f"piper-ckpt {' '.join(args)} exited {p.returncode}, expected {want}\nstdout:\n{p.stdout}\n"
+             f"stderr:\n{p.stderr}")
+    return p
+
+
+def split(m):
+    """The directive that splits every step into `m` microbatches."""
+    return f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
+
+
+def annotate_layers(ranges):
+    """Pipeline stages tagged PP = 0, 1, ... over the layers of each (first, last) range."""
+    return "\n[[annotate]]\ntag = \"PP\"\nlayers = " + str([list(r) for r in ranges]) + "\n"
+
+
+def place(stage, devices):
+    """The directive that places pipeline stage `stage` on the ranks `devices` (a list)."""
+    return f"\n[[directive]]\nop = \"place\"\nfilter = {{ PP = {stage} }}\ndevices = {devices}\n"
+
+
+def schedule(kind, keys=""):
+    """The schedule directive, with more of its keys (TOML lines) after `kind`."""
+    return f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n" + keys
+
+
+def pipeline(kind, m, stages, devices, count=None, before_schedule="", schedule_keys=""):
+    """The directives of a pipeline: `stages` (a list of (first, last) layer ranges, or [[annotate]] text),
+    a split into `m` microbatches, stage s placed on devices(s) (a rank or a list of ranks) for each of the
+    `count` stages (default: one per range), `before_schedule` (more directives), then the schedule `kind`
+    with `schedule_keys`."""
+    text = (stages if isinstance(stages, str) else annotate_layers(stages)) + split(m)
+    for s in range(len(stages) if count is None else count):
+        ranks = devices(s)
+        text += place(s, ranks if isinstance(ranks, list) else [ranks])
+    return text + before_schedule + schedule(kind, schedule_keys)
+
+
+def mesh(pp=1, dp=1, m=0, zero=0, schedule=""):
+    """--set options of a [mesh] layout: pp x dp ranks, m microbatches (0: the default), a ZeRO level and a
+    schedule kind ("": the default)."""
+    args = ["--set", f"mesh.pp={pp}", "--set", f"mesh.dp={dp}", "--set", f"mesh.zero={zero}"]
+    if m:
+        args += ["--set", f"mesh.microbatches={m}"]
+    if schedule:
+        args += ["--set", f'mesh.schedule="{schedule}"']
+    return args
 
 
 def metrics(path):

@@ -8,13 +8,7 @@ import signal
 import subprocess
 import time
 
-from common import PIPER, fail, losses, metrics, rank_pids, run, tempdir, tiny_gpt, write
-
-CKPT = os.path.join(os.path.dirname(PIPER), "piper-ckpt")
-
-
-def tool(*args):
-    return subprocess.run([CKPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+from common import PIPER, fail, losses, metrics, piper_ckpt, rank_pids, run, tempdir, tiny_gpt, write
 
 
 def main():
@@ -36,10 +30,10 @@ def main():
         if afiles != sfiles or afiles != [".lock", "step_00000015.h5", "step_00000020.h5"]:
             fail(f"{label}: files {afiles} (async) against {sfiles} (sync)")
         for f in afiles[1:]:
-            p = tool("diff", os.path.join(sck, f), os.path.join(ack, f))
+            p = piper_ckpt("diff", os.path.join(sck, f), os.path.join(ack, f), want=None)
             if p.returncode != 0:
                 fail(f"{label}: {f} differs between the synchronous and the asynchronous run:\n{p.stdout}{p.stderr}")
-            if tool("verify", os.path.join(ack, f)).returncode != 0:
+            if piper_ckpt("verify", os.path.join(ack, f), want=None).returncode != 0:
                 fail(f"{label}: {f} of the asynchronous run does not verify")
         print(f"ok  {label}: asynchronous checkpoints are the synchronous ones bit for bit, pruned alike")
 
@@ -69,7 +63,7 @@ def main():
     files = sorted(f for f in os.listdir(ck) if f.startswith("step_"))
     if proc.returncode != 4 or not files or any(f.startswith(".") and f.endswith(".tmp") for f in os.listdir(ck)):
         fail(f"SIGTERM under async: exit {proc.returncode} (expected 4), files {os.listdir(ck)}\n{out[-800:]}\n{err}")
-    p = tool("verify", ck)
+    p = piper_ckpt("verify", ck, want=None)
     if p.returncode != 0:
         fail(f"SIGTERM under async: the checkpoints do not verify:\n{p.stdout}{p.stderr}")
     print(f"ok  SIGTERM during an asynchronous run: exit 4, {len(files)} checkpoints, all verify")

@@ -7,19 +7,8 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 
-from common import PIPER, fail, losses, run, tempdir, tiny_gpt, tiny_qwen3, write
-
-CKPT = os.path.join(os.path.dirname(PIPER), "piper-ckpt")
-
-
-def tool(*args, want=0):
-    p = subprocess.run([CKPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    if p.returncode != want:
-        fail(f"piper-ckpt {' '.join(args)} exited {p.returncode}, expected {want}\nstdout:\n{p.stdout}\n"
-             f"stderr:\n{p.stderr}")
-    return p
+from common import fail, losses, piper_ckpt, run, tempdir, tiny_gpt, tiny_qwen3, write
 
 
 def read_st(path):
@@ -60,15 +49,16 @@ def main():
     run(1, cfg)
     s10, s20 = os.path.join(ck, "step_00000010.h5"), os.path.join(ck, "step_00000020.h5")
 
-    out = tool("ls", s20).stdout
+    out = piper_ckpt("ls", s20).stdout
     if "params/wte" not in out or "(256, 32)" not in out or "adam_v/blocks.3.mlp.proj.weight" not in out:
         fail(f"ls does not list the tensors with their shapes:\n{out}")
     print("ok  ls lists every tensor with its shape, and the attributes")
 
-    values = [float(x) for line in tool("show", s20, "wte", "--all").stdout.splitlines()[1:] for x in line.split()]
+    values = [float(x) for line in piper_ckpt("show", s20, "wte", "--all").stdout.splitlines()[1:]
+              for x in line.split()]
     if len(values) != 256 * 32:
         fail(f"show --all printed {len(values)} values of wte, expected {256 * 32}")
-    stats = tool("show", s20, "params/wte", "--stats").stdout.split()
+    stats = piper_ckpt("show", s20, "params/wte", "--stats").stdout.split()
     got = {stats[i]: float(stats[i + 1]) for i in range(stats.index("count"), len(stats) - 1, 2)}
     mean = sum(values) / len(values)
     want = {"min": min(values), "max": max(values), "mean": mean, "norm": sum(v * v for v in values) ** 0.5,
@@ -78,20 +68,20 @@ def main():
             fail(f"show --stats {k} = {got[k]}, the printed values give {v}")
     if got["non-finite"] != 0 or got["count"] != len(values):
         fail(f"show --stats: {got}")
-    sl = tool("show", s20, "wte", "--slice", "1:3,2:5").stdout.splitlines()[1:]
+    sl = piper_ckpt("show", s20, "wte", "--slice", "1:3,2:5").stdout.splitlines()[1:]
     if [[float(x) for x in line.split()] for line in sl] != [values[32 + 2:32 + 5], values[64 + 2:64 + 5]]:
         fail(f"show --slice 1:3,2:5 printed {sl}")
     print("ok  show prints values, --slice selects rows and columns, --stats agrees with the values")
 
-    tool("diff", s20, s20, want=0)
-    out = tool("diff", s10, s20, want=1).stdout
+    piper_ckpt("diff", s20, s20, want=0)
+    out = piper_ckpt("diff", s10, s20, want=1).stdout
     if "params/wte" not in out or "attribute step: 10 against 20" not in out:
         fail(f"diff of step 10 and 20 does not show the tensors and the step:\n{out}")
-    tool("diff", s10, s20, "--atol", "100", want=0)
-    tool("diff", s10, s20, "--only", "params/", "--rtol", "0.5", want=1)
+    piper_ckpt("diff", s10, s20, "--atol", "100", want=0)
+    piper_ckpt("diff", s10, s20, "--only", "params/", "--rtol", "0.5", want=1)
     print("ok  diff: identical files exit 0, trained-apart files exit 1, a wide --atol exits 0")
 
-    out = tool("verify", ck).stdout
+    out = piper_ckpt("verify", ck).stdout
     if out.count("ok ") != 2 or "2 of 2 checkpoints verify" not in out:
         fail(f"verify of a good folder:\n{out}")
     bad = os.path.join(d, "bad")
@@ -105,38 +95,38 @@ def main():
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0x55]))
     write(bad, "step_00000030.h5", "not a checkpoint\n")
-    out = tool("verify", bad, want=1).stdout
+    out = piper_ckpt("verify", bad, want=1).stdout
     if (f"ok    {os.path.join(bad, 'step_00000010.h5')}" not in out or f"FAIL  {damaged}" not in out
             or "step_00000030.h5: not a readable HDF5 file" not in out or "1 of 3 checkpoints verify" not in out):
         fail(f"verify of a folder with planted damage:\n{out}")
-    tool("verify", damaged, want=1)
-    tool("diff", s20, damaged, want=2)
+    piper_ckpt("verify", damaged, want=1)
+    piper_ckpt("diff", s20, damaged, want=2)
     print("ok  verify names each damaged file and exits 1; diff of a damaged file exits 2")
 
-    out = tool("meta", s20).stdout
+    out = piper_ckpt("meta", s20).stdout
     if "[model]" not in out or "kind=gpt" not in out or "world=1" not in out:
         fail(f"meta lacks the job text, model or layout:\n{out}")
     print("ok  meta prints the job text, model keys and layout")
 
     # export -> import -> export: bit-identical parameters, GPT-2 names and Conv1D layout
     st = os.path.join(d, "gpt.safetensors")
-    tool("export", s20, "--to", st)
+    piper_ckpt("export", s20, "--to", st)
     tensors, meta = read_st(st)
     if meta.get("format") != "pt" or tensors["transformer.h.0.attn.c_attn.weight"][1] != [32, 96] or \
             "transformer.wte.weight" not in tensors or any(k.startswith("blocks.") for k in tensors):
         fail(f"export: not GPT2LMHeadModel's names and layout: {sorted(tensors)[:5]} {meta}")
     imp = os.path.join(d, "imp", "step_00000000.h5")
     os.makedirs(os.path.dirname(imp))
-    tool("import", st, "--job", cfg, "--to", imp)
-    tool("diff", s20, imp, "--only", "params/", want=0)
-    if "max 0 " not in tool("show", imp, "adam_v/wte", "--stats").stdout:
+    piper_ckpt("import", st, "--job", cfg, "--to", imp)
+    piper_ckpt("diff", s20, imp, "--only", "params/", want=0)
+    if "max 0 " not in piper_ckpt("show", imp, "adam_v/wte", "--stats").stdout:
         fail("import: the optimizer state is not fresh (zeros)")
     st2 = os.path.join(d, "gpt2.safetensors")
-    tool("export", imp, "--to", st2)
+    piper_ckpt("export", imp, "--to", st2)
     t2, _ = read_st(st2)
     if t2 != tensors:
         fail("export of the imported checkpoint differs from the first export")
-    tool("verify", imp)
+    piper_ckpt("verify", imp)
     print("ok  GPT-2 export -> import -> export is bit-identical; the import verifies, moments are zero")
 
     # the imported checkpoint starts a run from the trained weights
@@ -156,8 +146,8 @@ def main():
     other.append(("h.0.attn.bias", "F32", [1, 1, 16, 16], struct.pack("<256f", *([1.0] * 256))))
     write_st(hf, other)
     imp2 = os.path.join(d, "imp2.h5")
-    tool("import", hf, "--job", cfg, "--to", imp2)
-    w = [float(x) for line in tool("show", imp2, "wte", "--all").stdout.splitlines()[1:] for x in line.split()]
+    piper_ckpt("import", hf, "--job", cfg, "--to", imp2)
+    w = [float(x) for line in piper_ckpt("show", imp2, "wte", "--all").stdout.splitlines()[1:] for x in line.split()]
     wte_bf16 = to_bf16(tensors["transformer.wte.weight"][2])
     want_w = floats(b"".join(b"\0\0" + wte_bf16[i:i + 2] for i in range(0, len(wte_bf16), 2)))
     if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(w, want_w)):
@@ -173,8 +163,8 @@ def main():
         pkg = os.path.join(d, "pkg.safetensors")
         save_file({k: np.frombuffer(v[2], dtype="<f4").reshape(v[1]) for k, v in tensors.items()}, pkg)
         imp3 = os.path.join(d, "imp3.h5")
-        tool("import", pkg, "--job", cfg, "--to", imp3)
-        tool("diff", s20, imp3, "--only", "params/", want=0)
+        piper_ckpt("import", pkg, "--job", cfg, "--to", imp3)
+        piper_ckpt("diff", s20, imp3, "--only", "params/", want=0)
         print("ok  a file written by the safetensors package imports bit-identically")
 
     # Qwen3 (tied embeddings): names are already Hugging Face's
@@ -183,35 +173,35 @@ def main():
     run(1, qcfg)
     qs = os.path.join(qck, "step_00000004.h5")
     qst = os.path.join(d, "q.safetensors")
-    tool("export", qs, "--to", qst)
+    piper_ckpt("export", qs, "--to", qst)
     qt, _ = read_st(qst)
     if "model.layers.0.self_attn.q_proj.weight" not in qt or "lm_head.weight" in qt:
         fail(f"Qwen3 export names: {sorted(qt)[:6]}")
     qimp = os.path.join(d, "qimp.h5")
-    tool("import", qst, "--job", qcfg, "--to", qimp)
-    tool("diff", qs, qimp, "--only", "params/", want=0)
+    piper_ckpt("import", qst, "--job", qcfg, "--to", qimp)
+    piper_ckpt("diff", qs, qimp, "--only", "params/", want=0)
     print("ok  Qwen3 export -> import is bit-identical")
 
     # bad input: exit 2 and a message naming the file or what is wrong
     small = write(d, "small.toml", tiny_gpt(steps=20).replace("d_model = 32", "d_model = 16"))
-    p = tool("import", st, "--job", small, "--to", os.path.join(d, "x.h5"), want=2)
+    p = piper_ckpt("import", st, "--job", small, "--to", os.path.join(d, "x.h5"), want=2)
     if "shape" not in p.stderr or "gpt.safetensors" not in p.stderr:
         fail(f"import into another model: {p.stderr}")
     if os.path.exists(os.path.join(d, "x.h5")) or any(n.startswith(".x.h5") for n in os.listdir(d)):
         fail("a refused import left a file behind")
-    p = tool("import", st, "--job", cfg, "--to", imp, want=2)
+    p = piper_ckpt("import", st, "--job", cfg, "--to", imp, want=2)
     if "exists" not in p.stderr:
         fail(f"import over an existing file: {p.stderr}")
     trunc = os.path.join(d, "trunc.safetensors")
     with open(st, "rb") as f, open(trunc, "wb") as g:
         g.write(f.read(os.path.getsize(st) // 2))
-    p = tool("import", trunc, "--job", cfg, "--to", os.path.join(d, "y.h5"), want=2)
+    p = piper_ckpt("import", trunc, "--job", cfg, "--to", os.path.join(d, "y.h5"), want=2)
     if "trunc.safetensors" not in p.stderr:
         fail(f"truncated safetensors: {p.stderr}")
     for args in (["show", s20, "nope"], ["ls", os.path.join(d, "missing.h5")], ["verify", os.path.join(d, "nothing")],
                  ["diff", s20], ["frobnicate"], ["show", s20, "wte", "--slice", "9:300"],
                  ["diff", s10, s20, "--rtol", "x"]):
-        p = tool(*args, want=2)
+        p = piper_ckpt(*args, want=2)
         if "piper-ckpt: error:" not in p.stderr:
             fail(f"piper-ckpt {' '.join(args)}: no error message: {p.stderr}")
     print("ok  bad input (another model's shape, an existing target, a truncated file, unknown names) exits 2")

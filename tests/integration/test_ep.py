@@ -7,7 +7,7 @@ model's timeline DualPipeV's slots hide at least half of the all-to-all time 1F1
 import os
 import sys
 
-from common import DATA, ROOT, compare, fail, losses, run, tempdir, tiny_qwen3, write
+from common import DATA, ROOT, compare, fail, losses, pipeline, run, split, tempdir, tiny_qwen3, write
 
 DATA_LINE = f'path = "{DATA}"'
 
@@ -34,24 +34,14 @@ def replicate(zero=0):
     return f"\n[[directive]]\nop = \"replicate\"\nfilter = {{}}\nzero = {zero}\n"
 
 
-def split(m):
-    return f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
+def pair(stage):
+    """PP2 x EP2: pipeline stage s on ranks s and s + 2, its experts sharded over the two."""
+    return [stage, stage + 2]
 
 
-def pipeline(kind, m):
-    """PP2 x EP2: layers 0-1 on ranks 0 and 2, layers 2-3 on ranks 1 and 3, experts sharded inside each."""
-    text = "\n[[annotate]]\ntag = \"PP\"\nlayers = [[0, 1], [2, 3]]\n" + split(m)
-    text += "\n[[directive]]\nop = \"place\"\nfilter = { PP = 0 }\ndevices = [0, 2]\n"
-    text += "\n[[directive]]\nop = \"place\"\nfilter = { PP = 1 }\ndevices = [1, 3]\n"
-    return text + replicate() + shard() + f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n"
-
-
-def dualpipev(m):
-    """DualPipeV on 2 pipeline ranks x EP2: four stages of one layer, V layout (stage s on rank s, 3 - s)."""
-    text = "\n[[annotate]]\ntag = \"PP\"\nlayers = [[0, 0], [1, 1], [2, 2], [3, 3]]\n" + split(m)
-    for s, devices in ((0, "[0, 2]"), (1, "[1, 3]"), (2, "[1, 3]"), (3, "[0, 2]")):
-        text += f"\n[[directive]]\nop = \"place\"\nfilter = {{ PP = {s} }}\ndevices = {devices}\n"
-    return text + replicate() + shard() + "\n[[directive]]\nop = \"schedule\"\nkind = \"dualpipev\"\n"
+def v_pair(stage):
+    """DualPipeV on 2 pipeline ranks x EP2: four stages of one layer, V layout (stage s on pair s, 3 - s)."""
+    return pair(stage if stage < 2 else 3 - stage)
 
 
 def main():
@@ -62,6 +52,7 @@ def main():
         run(1, write(d, f"ref{capacity}.toml", job("ref", capacity)), "--metrics", path)
         refs[capacity] = losses(path)
     ep = experts_annotation()
+    experts = replicate() + shard()  # the rest replicated, the experts sharded inside each device set
     cases = [
         ("EP2 dropless", 2, 0.0, ep + replicate() + shard()),
         ("EP4 dropless", 4, 0.0, ep + replicate() + shard()),
@@ -71,9 +62,10 @@ def main():
         ("EP2, ZeRO-1 on the rest", 2, 0.0, ep + replicate(1) + shard()),
         ("EP2, ZeRO-2 on the rest, 2 microbatches", 2, 0.0, ep + split(2) + replicate(2) + shard()),
         ("EP4, ZeRO-3 on the rest", 4, 0.0, ep + replicate(3) + shard()),
-        ("EP2 x PP2 1f1b m=4", 4, 0.0, ep + pipeline("1f1b", 4)),
-        ("EP2 x PP2 zb-h1 m=4", 4, 0.0, ep + pipeline("zb-h1", 4)),
-        ("EP2 x PP2 dualpipev m=4", 4, 0.0, ep + dualpipev(4)),
+        ("EP2 x PP2 1f1b m=4", 4, 0.0, ep + pipeline("1f1b", 4, [(0, 1), (2, 3)], pair, before_schedule=experts)),
+        ("EP2 x PP2 zb-h1 m=4", 4, 0.0, ep + pipeline("zb-h1", 4, [(0, 1), (2, 3)], pair, before_schedule=experts)),
+        ("EP2 x PP2 dualpipev m=4", 4, 0.0,
+         ep + pipeline("dualpipev", 4, [(i, i) for i in range(4)], v_pair, before_schedule=experts)),
     ]
     for i, (name, ranks, capacity, extra) in enumerate(cases):
         cfg = write(d, f"ep{i}.toml", job(f"ep{i}", capacity, extra))

@@ -2,25 +2,9 @@
 and 1F1B, uneven stage splits and 1, 2, 4 and 8 microbatches equals the single-process loss within 1e-5."""
 import os
 
-from common import compare, fail, losses, run, tempdir, tiny_gpt, write
+from common import annotate_layers, compare, fail, losses, place, run, schedule, split, tempdir, tiny_gpt, write
 
 RTOL = 1e-5
-
-
-def annotate(ranges):
-    return "\n[[annotate]]\ntag = \"PP\"\nlayers = " + str([list(r) for r in ranges]) + "\n"
-
-
-def place(stage, devices):
-    return f"\n[[directive]]\nop = \"place\"\nfilter = {{ PP = {stage} }}\ndevices = {devices}\n"
-
-
-def split(m):
-    return f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
-
-
-def schedule(kind):
-    return f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n"
 
 
 REPLICATE = "\n[[directive]]\nop = \"replicate\"\nfilter = { PP = \"*\" }\n"
@@ -41,16 +25,16 @@ def main():
     cases.append(("single process, 8 microbatches", 1, split(8), []))
     for kind in ("gpipe", "1f1b"):
         for m in (1, 2, 4, 8):
-            extra = annotate([(0, 2), (3, 5)]) + place(0, [0]) + place(1, [1]) + split(m) + schedule(kind)
+            extra = annotate_layers([(0, 2), (3, 5)]) + place(0, [0]) + place(1, [1]) + split(m) + schedule(kind)
             cases.append((f"PP2 {kind} m={m}", 2, extra, []))
     # uneven stages: 1 + 5 layers, and 1/2/1/2 over four stages
     cases.append(("PP2 uneven [0,0],[1,5] 1f1b m=4", 2,
-                  annotate([(0, 0), (1, 5)]) + place(0, [0]) + place(1, [1]) + split(4), []))
-    pp4 = annotate([(0, 0), (1, 2), (3, 3), (4, 5)]) + "".join(place(s, [s]) for s in range(4))
+                  annotate_layers([(0, 0), (1, 5)]) + place(0, [0]) + place(1, [1]) + split(4), []))
+    pp4 = annotate_layers([(0, 0), (1, 2), (3, 3), (4, 5)]) + "".join(place(s, [s]) for s in range(4))
     cases.append(("PP4 uneven 1f1b m=4", 4, pp4 + split(4), []))
     cases.append(("PP4 uneven 1f1b m=8", 4, pp4 + split(8), []))
     cases.append(("PP4 uneven gpipe m=2", 4, pp4 + split(2) + schedule("gpipe"), []))
-    ppdp = annotate([(0, 2), (3, 5)]) + place(0, [0, 2]) + place(1, [1, 3]) + REPLICATE
+    ppdp = annotate_layers([(0, 2), (3, 5)]) + place(0, [0, 2]) + place(1, [1, 3]) + REPLICATE
     for kind in ("gpipe", "1f1b"):
         for m in (1, 2, 4):
             cases.append((f"PP2xDP2 {kind} m={m}", 4, ppdp + split(m) + schedule(kind), []))

@@ -5,7 +5,7 @@ a checkpoint resumes under another strategy; expert parameters carry Hugging Fac
 import os
 import subprocess
 
-from common import compare, fail, losses, metrics, run, tempdir, tiny_qwen3, write
+from common import compare, fail, losses, mesh, metrics, pipeline, run, tempdir, tiny_qwen3, write
 
 RTOL = 1e-5
 
@@ -13,19 +13,6 @@ RTOL = 1e-5
 def moe(every=1, capacity=0.0):
     return (f"\n[model.moe]\nexperts = 4\ntop_k = 2\nd_expert = 24\nevery = {every}\naux_loss_coef = 0.01\n"
             f"capacity_factor = {capacity}\n")
-
-
-def pipeline(kind, m, ranges, rank_of, stages):
-    text = "\n[[annotate]]\ntag = \"PP\"\nlayers = " + str([list(r) for r in ranges]) + "\n"
-    text += f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
-    for s in range(stages):
-        text += f"\n[[directive]]\nop = \"place\"\nfilter = {{ PP = {s} }}\ndevices = [{rank_of(s)}]\n"
-    return text + f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n"
-
-
-def mesh(pp=1, dp=1, m=0, zero=0):
-    args = ["--set", f"mesh.pp={pp}", "--set", f"mesh.dp={dp}", "--set", f"mesh.zero={zero}"]
-    return args + (["--set", f"mesh.microbatches={m}"] if m else [])
 
 
 def main():
@@ -54,10 +41,10 @@ def main():
             ("DP2 ZeRO-1", 2, "", mesh(dp=2, zero=1)),
             ("DP4 ZeRO-2", 4, "", mesh(dp=4, zero=2)),
             ("DP2 ZeRO-3 m=2", 2, "", mesh(dp=2, m=2, zero=3)),
-            ("PP2 1f1b m=4", 2, pipeline("1f1b", 4, [(0, 1), (2, 3)], lambda s: s, 2), []),
-            ("PP2 zb-h1 m=4", 2, pipeline("zb-h1", 4, [(0, 0), (1, 3)], lambda s: s, 2), []),
+            ("PP2 1f1b m=4", 2, pipeline("1f1b", 4, [(0, 1), (2, 3)], lambda s: s), []),
+            ("PP2 zb-h1 m=4", 2, pipeline("zb-h1", 4, [(0, 0), (1, 3)], lambda s: s), []),
             ("PP2 dualpipev m=4", 2, pipeline("dualpipev", 4, [(i, i) for i in range(4)],
-                                              lambda s: s if s < 2 else 3 - s, 4), []),
+                                              lambda s: s if s < 2 else 3 - s), []),
             ("PP2xDP2 ZeRO-1 m=2", 4, "", mesh(pp=2, dp=2, m=2, zero=1)),
         ]
         for i, (name, ranks, extra, sets) in enumerate(cases):

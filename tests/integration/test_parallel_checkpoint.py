@@ -3,17 +3,11 @@ checksum blocks (1.5 Mi elements), saved by DP3 (ZeRO-0, -3, asynchronous) so th
 gives files that verify byte for byte (piper-ckpt verify), hold the single-process parameters (piper-ckpt diff)
 and resume as one process continuing the single-process run."""
 import os
-import subprocess
 
-from common import PIPER, compare, fail, losses, run, tempdir, tiny_gpt, write
+from common import compare, fail, losses, piper_ckpt, run, tempdir, tiny_gpt, write
 
-CKPT = os.path.join(os.path.dirname(PIPER), "piper-ckpt")
 WIDE = ["--set", "model.d_model=128", "--set", "model.d_ff=12288", "--set", "model.n_heads=4", "--set",
         "data.batch=6"]
-
-
-def tool(*args):
-    return subprocess.run([CKPT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def main():
@@ -22,7 +16,7 @@ def main():
     ref = os.path.join(d, "ref.jsonl")
     run(1, cfg, *WIDE, "--metrics", ref, "--set", f'checkpoint.dir="{d}/ref"', "--set", "checkpoint.every=3")
     full = losses(ref)
-    shape = tool("ls", os.path.join(d, "ref", "step_00000003.h5")).stdout
+    shape = piper_ckpt("ls", os.path.join(d, "ref", "step_00000003.h5"), want=None).stdout
     if "(128, 12288)" not in shape and "(12288, 128)" not in shape:
         fail(f"the model has no tensor of 1.5 Mi elements:\n{shape}")
     for label, extra in (("DP3 ZeRO-0", ["--set", "mesh.dp=3"]),
@@ -32,13 +26,14 @@ def main():
         ck = os.path.join(d, label.replace(" ", "_"))
         run(3, cfg, *WIDE, *extra, "--steps", "3", "--set", f'checkpoint.dir="{ck}"', "--set", "checkpoint.every=3")
         saved = os.path.join(ck, "step_00000003.h5")
-        v = tool("verify", saved)
+        v = piper_ckpt("verify", saved, want=None)
         if v.returncode != 0:
             fail(f"{label}: the file does not verify:\n{v.stdout}{v.stderr}")
-        p = tool("diff", saved, os.path.join(d, "ref", "step_00000003.h5"), "--rtol", "1e-3", "--atol", "2e-5")
+        p = piper_ckpt("diff", saved, os.path.join(d, "ref", "step_00000003.h5"), "--rtol", "1e-3", "--atol", "2e-5",
+                       want=None)
         if p.returncode != 0:
             fail(f"{label}: the checkpoint differs from the single-process one:\n{p.stdout}{p.stderr}")
-        if "world=3" not in tool("meta", saved).stdout:
+        if "world=3" not in piper_ckpt("meta", saved, want=None).stdout:
             fail(f"{label}: the layout attribute does not say world=3")
         out = os.path.join(d, label.replace(" ", "_") + ".jsonl")
         run(1, cfg, *WIDE, "--resume", saved, "--metrics", out, "--set", f'checkpoint.dir="{ck}-resumed"')

@@ -6,34 +6,14 @@ import glob
 import os
 import subprocess
 
-from common import compare, fail, losses, metrics, run, tempdir, tiny_qwen3, write
+from common import annotate_layers, compare, fail, losses, mesh, metrics, pipeline, run, tempdir, tiny_qwen3, write
 
 RTOL = 1e-5
 LAYERS = 4
 
 
-def annotate_layers(ranges):
-    return "\n[[annotate]]\ntag = \"PP\"\nlayers = " + str([list(r) for r in ranges]) + "\n"
-
-
 def annotate_segments(ranges):
     return "\n[[annotate]]\ntag = \"PP\"\nsegments = " + str([list(r) for r in ranges]).replace("'", '"') + "\n"
-
-
-def pipeline(kind, m, ann, rank_of, stages, extra=""):
-    text = ann + f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
-    for s in range(stages):
-        text += f"\n[[directive]]\nop = \"place\"\nfilter = {{ PP = {s} }}\ndevices = [{rank_of(s)}]\n"
-    return text + f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n" + extra
-
-
-def mesh(pp=1, dp=1, m=0, zero=0, schedule=""):
-    args = ["--set", f"mesh.pp={pp}", "--set", f"mesh.dp={dp}", "--set", f"mesh.zero={zero}"]
-    if m:
-        args += ["--set", f"mesh.microbatches={m}"]
-    if schedule:
-        args += ["--set", f'mesh.schedule="{schedule}"']
-    return args
 
 
 def equivalence(d, tied):
@@ -72,8 +52,8 @@ slots = ["F0.0", "F0.1", "B0.0", "B0.1"]
 [[rank]]
 slots = ["F1.0", "BI1.0", "F1.1", "BI1.1", "BW1.0", "BW1.1"]
 """)
-        cases.append(("PP2 schedule file m=2", 2, pipeline("file", 2, even, lambda s: s, 2,
-                                                           f"file = \"{os.path.basename(schedule_file)}\"\n"), []))
+        keys = f"file = \"{os.path.basename(schedule_file)}\"\n"
+        cases.append(("PP2 schedule file m=2", 2, pipeline("file", 2, even, lambda s: s, 2, schedule_keys=keys), []))
     for i, (name, ranks, extra, sets) in enumerate(cases):
         cfg = write(d, f"{label}{i}.toml", base + extra)
         out = os.path.join(d, f"{label}{i}.jsonl")
