@@ -175,7 +175,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       std::error_code ec;
       const auto file_bytes = std::filesystem::file_size(resume_path, ec);
       WatchedTransfer watched(ex, cat("the load of ", resume_path), ec ? checkpoint_bytes(plan) : double(file_bytes));
-      start = load_checkpoint(ex, resume_path);
+      start = load_checkpoint(ex.state(), resume_path);
     } catch (const CheckpointLoadAbandoned&) {  // another rank found the fault and printed it
       failed = 1;
     } catch (const UserError& e) {
@@ -239,7 +239,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   const double ckpt_bytes = checkpoint_bytes(plan);
   auto save = [&](int64_t steps_done) {
     WatchedTransfer watched(ex, cat("the save of checkpoint step ", steps_done), ckpt_bytes);
-    return saver.save(ex, steps_done);
+    return saver.save(ex.state(), steps_done);
   };
   auto finish_saves = [&] {  // waits for an asynchronous save still being written
     WatchedTransfer watched(ex, "the completion of the last checkpoint save", ckpt_bytes);

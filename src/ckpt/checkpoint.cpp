@@ -85,8 +85,8 @@ struct Piece {
   float* src[3];  // parameter, first moment, second moment (device pointers)
 };
 
-std::vector<Piece> owned_pieces(Executor& ex) {
-  const Plan& plan = ex.plan();
+std::vector<Piece> owned_pieces(const StateView& state) {
+  const Plan& plan = state.plan;
   std::vector<Piece> out;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
@@ -96,10 +96,10 @@ std::vector<Piece> owned_pieces(Executor& ex) {
     for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& p) {
       const int64_t a = p.begin, lo = owned.lo;
       Piece piece{p.pp->model_param, p.param_begin(), p.count(), {nullptr, nullptr, nullptr}};
-      piece.src[0] = pb.shard_params ? ex.bucket_ptr(pb.param_shard_buf, a - lo) : ex.bucket_ptr(pb.param_buf, a);
+      piece.src[0] = pb.shard_params ? state.at(pb.param_shard_buf, a - lo) : state.at(pb.param_buf, a);
       const int64_t opt_at = pb.shard_optimizer ? a - lo : a;
-      piece.src[1] = ex.bucket_ptr(pb.m_buf, opt_at);
-      piece.src[2] = ex.bucket_ptr(pb.v_buf, opt_at);
+      piece.src[1] = state.at(pb.m_buf, opt_at);
+      piece.src[2] = state.at(pb.v_buf, opt_at);
       out.push_back(piece);
     });
   }
@@ -140,9 +140,9 @@ std::string checkpoint_path(const std::string& dir, int64_t steps_done) {
 namespace {
 
 // The data file is recorded as this run opened it, not as data.path names it now.
-CheckpointHeader header_of(const Executor& ex, int64_t steps_done) {
-  const Plan& plan = ex.plan();
-  return {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan, &ex.data_identity())};
+CheckpointHeader header_of(const StateView& state, int64_t steps_done) {
+  const Plan& plan = state.plan;
+  return {steps_done, plan.job_name, plan.job_text, layout_text(plan), run_record(plan, &state.data)};
 }
 
 void report_failed_save(int64_t steps_done, const std::string& failure) {
@@ -185,19 +185,19 @@ std::vector<SaveSlice> slices_of(const std::vector<Piece>& pieces) {
 
 // Collective: every rank writes its own slices into the one file (parallel_save.hpp), straight from the
 // state through a 16 MiB host staging buffer.
-int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm comm) {
-  const bool rank0 = ex.plan().rank == 0;
+int write_now(const StateView& state, int64_t steps_done, const std::string& dir, MPI_Comm comm) {
+  const bool rank0 = state.plan.rank == 0;
   const bool peak_reset = rank0 && reset_peak_resident();
   const int64_t resident_before = resident_bytes();
   const double t0 = now_seconds();
-  const std::vector<Piece> pieces = owned_pieces(ex);
-  ParallelCheckpointWrite w(checkpoint_path(dir, steps_done), header_of(ex, steps_done), ex.plan().params,
+  const std::vector<Piece> pieces = owned_pieces(state);
+  ParallelCheckpointWrite w(checkpoint_path(dir, steps_done), header_of(state, steps_done), state.plan.params,
                             slices_of(pieces), comm);
   if (int code = w.begin_code()) {
-    if (ex.plan().rank == 0) report_failed_save(steps_done, w.failure());
+    if (state.plan.rank == 0) report_failed_save(steps_done, w.failure());
     return code;
   }
-  Kernels& k = ex.backend().kernels();
+  Kernels& k = state.kernels;
   w.write_local([&](size_t slice, int64_t at, int64_t count, float* dst) {
     k.download(dst, pieces[slice / 3].src[slice % 3] + at, size_t(count) * sizeof(float));
   });
@@ -206,7 +206,7 @@ int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm
   if (code == 0 && rank0) {
     int ranks = 1;
     MPI_Comm_size(comm, &ranks);
-    report_save(ex.plan(), steps_done, ranks, now_seconds() - t0,
+    report_save(state.plan, steps_done, ranks, now_seconds() - t0,
                 peak_reset ? peak_resident_bytes() - resident_before : -1, -1);
   }
   return code;
@@ -214,8 +214,8 @@ int write_now(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm
 
 }  // namespace
 
-int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world) {
-  return write_now(ex, steps_done, dir, world);
+int save_checkpoint(const StateView& state, int64_t steps_done, const std::string& dir, MPI_Comm world) {
+  return write_now(state, steps_done, dir, world);
 }
 
 // ---- CheckpointSaver ----
@@ -274,28 +274,28 @@ int CheckpointSaver::complete_pending() {
   return code;
 }
 
-int CheckpointSaver::save(Executor& ex, int64_t steps_done) {
+int CheckpointSaver::save(const StateView& state, int64_t steps_done) {
   if (!async_) {
-    int code = write_now(ex, steps_done, dir_, comm_);
-    if (code == 0 && rank_ == 0) prune(ex.plan().job_name, steps_done);
+    int code = write_now(state, steps_done, dir_, comm_);
+    if (code == 0 && rank_ == 0) prune(state.plan.job_name, steps_done);
     return code;
   }
   // The previous file must be complete before this one starts (and before its failure could go unseen).
   if (int code = complete_pending()) return code;
   const double t0 = now_seconds();
-  const std::vector<Piece> pieces = owned_pieces(ex);
+  const std::vector<Piece> pieces = owned_pieces(state);
   auto p = std::make_unique<Pending>();
   p->steps_done = steps_done;
-  p->plan = &ex.plan();
+  p->plan = &state.plan;
   p->started = t0;
-  p->write = std::make_unique<ParallelCheckpointWrite>(checkpoint_path(dir_, steps_done), header_of(ex, steps_done),
-                                                       ex.plan().params, slices_of(pieces), comm_);
+  p->write = std::make_unique<ParallelCheckpointWrite>(checkpoint_path(dir_, steps_done), header_of(state, steps_done),
+                                                       state.plan.params, slices_of(pieces), comm_);
   if (int code = p->write->begin_code()) {
     if (rank_ == 0) report_failed_save(steps_done, p->write->failure());
     return code;
   }
   // The step's copy of this rank's slices (host memory of the size of its own share), then training goes on.
-  Kernels& k = ex.backend().kernels();
+  Kernels& k = state.kernels;
   size_t elements = 0;
   for (const Piece& piece : pieces)
     for (int t = 0; t < 3; ++t) p->slice_at.push_back(elements), elements += size_t(piece.count);
@@ -343,9 +343,9 @@ namespace {
 // the ranks agree on any failure before training starts. (Sharing the reading instead, one replica reading
 // each part and broadcasting it, was slower on one node, where the replicas share the page cache:
 // bench/README.md, "checkpoint_io".)
-void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockCheckedReader* checked) {
-  const Plan& plan = ex.plan();
-  Kernels& k = ex.backend().kernels();
+void read_tensors(const StateView& state, hid_t file, const std::string& path, BlockCheckedReader* checked) {
+  const Plan& plan = state.plan;
+  Kernels& k = state.kernels;
   struct Range {
     int t;                       // 0 params, 1 adam_m, 2 adam_v
     const PlanParam* pp;
@@ -362,7 +362,7 @@ void read_tensors(Executor& ex, hid_t file, const std::string& path, BlockChecke
       const int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
       const bool alike = !sharded && pb.group_size > 1;
       for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& piece) {
-        ranges.push_back({t, piece.pp, piece.param_begin(), piece.count(), ex.bucket_ptr(buf, piece.begin - owned.lo),
+        ranges.push_back({t, piece.pp, piece.param_begin(), piece.count(), state.at(buf, piece.begin - owned.lo),
                           alike ? pb.group_size : 1, alike ? plan.replica % pb.group_size : 0});
       });
     }
@@ -399,7 +399,7 @@ namespace {
 
 // The file's format and step, and the checks of rank 0 (the job against the checkpoint's record); throws
 // UserError naming the file.
-int64_t open_for_load(Executor& ex, const std::string& path, Handle& file, int64_t& version) {
+int64_t open_for_load(const StateView& state, const std::string& path, Handle& file, int64_t& version) {
   if (!fs::is_regular_file(path)) throw UserError(cat(path, ": no checkpoint file (it does not exist)"));
   file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file.id < 0) throw UserError(cat(path, ": not a readable HDF5 file (not a checkpoint, or truncated)"));
@@ -415,9 +415,9 @@ int64_t open_for_load(Executor& ex, const std::string& path, Handle& file, int64
   } catch (const UserError& e) {
     throw UserError(cat(path, ": ", e.what()));
   }
-  const Plan& plan = ex.plan();
+  const Plan& plan = state.plan;
   if (plan.rank == 0)  // the job must be the one the checkpoint was trained with, up to checkpoint.allow_changes
-    for (const std::string& w : check_resume(read_run_record(file), run_record(plan, &ex.data_identity()),
+    for (const std::string& w : check_resume(read_run_record(file), run_record(plan, &state.data),
                                              plan.allow_changes, path))
       std::fprintf(stderr, "piper: warning: %s\n", w.c_str());
   return steps;
@@ -425,7 +425,7 @@ int64_t open_for_load(Executor& ex, const std::string& path, Handle& file, int64
 
 }  // namespace
 
-int64_t load_checkpoint(Executor& ex, const std::string& path) {
+int64_t load_checkpoint(const StateView& state, const std::string& path) {
   h5::quiet();
   // Every rank opens and checks the file; they agree on the outcome before they read together.
   Handle file(-1, H5Fclose);
@@ -433,7 +433,7 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
   std::unique_ptr<BlockCheckedReader> checked;
   std::string refused;
   try {
-    steps = open_for_load(ex, path, file, version);
+    steps = open_for_load(state, path, file, version);
     if (version >= 3) checked = std::make_unique<BlockCheckedReader>(file, path);
   } catch (const UserError& e) {
     refused = e.what();
@@ -441,11 +441,11 @@ int64_t load_checkpoint(Executor& ex, const std::string& path) {
     refused = cat(path, ": cannot be read (damaged or truncated file)");
   }
   int mine = refused.empty() ? 0 : 1, any = 0;
-  MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, ex.world()));
+  MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, state.world));
   if (mine) throw UserError(refused);
   if (any) throw CheckpointLoadAbandoned(cat(path, ": refused by another rank"));
   try {
-    read_tensors(ex, file, path, checked.get());
+    read_tensors(state, file, path, checked.get());
   } catch (const h5::Error&) {
     throw UserError(cat(path, ": cannot be read (damaged or truncated file)"));
   }

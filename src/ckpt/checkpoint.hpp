@@ -12,7 +12,7 @@
 
 #include "ckpt/folder.hpp"
 #include "ckpt/verify.hpp"
-#include "runtime/executor.hpp"
+#include "plan/state_view.hpp"
 #include "util/error.hpp"
 
 namespace piper {
@@ -23,7 +23,7 @@ namespace piper {
 // after rank 0 printed why: kExitFailure for a write error (a full disk: "No space left on device", naming
 // the file), kExitNonFinite when a tensor holds a non-finite value. The temporary file is then removed;
 // older checkpoints are untouched.
-[[nodiscard]] int save_checkpoint(Executor& ex, int64_t steps_done, const std::string& dir, MPI_Comm world);
+[[nodiscard]] int save_checkpoint(const StateView& state, int64_t steps_done, const std::string& dir, MPI_Comm world);
 
 // Saves a run's checkpoints into `dir` and prunes them to `keep` (0: all). Synchronous: save() returns once
 // the file is written, checked and renamed. Asynchronous: save() lays the file out, copies each rank's own
@@ -38,7 +38,7 @@ class CheckpointSaver {
   CheckpointSaver(const CheckpointSaver&) = delete;
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
   // Collective. 0, or the exit code of a failed save (this one, or the previous asynchronous one).
-  [[nodiscard]] int save(Executor& ex, int64_t steps_done);
+  [[nodiscard]] int save(const StateView& state, int64_t steps_done);
   // Collective, once a step: completes an asynchronous save whose writes are done on every rank; 0 or its
   // exit code. Without a save in flight it does nothing (and communicates nothing).
   [[nodiscard]] int poll();
@@ -69,7 +69,7 @@ class CheckpointLoadAbandoned : public UserError {
 // Every rank reads its ranges. Returns the number of completed steps stored in the file. Throws
 // UserError (naming the file, and the tensor) when the file cannot be read or does not fit the model.
 // It checks the format only: verify_checkpoint (rank 0, before) checks the rest.
-int64_t load_checkpoint(Executor& ex, const std::string& path);
+int64_t load_checkpoint(const StateView& state, const std::string& path);
 
 // "dir/step_00000100.h5"
 std::string checkpoint_path(const std::string& dir, int64_t steps_done);

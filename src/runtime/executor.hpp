@@ -15,6 +15,7 @@
 #include "backend/backend.hpp"
 #include "data/data.hpp"
 #include "plan/plan.hpp"
+#include "plan/state_view.hpp"
 #include "runtime/buffer_store.hpp"
 #include "runtime/flight_recorder.hpp"
 #include "runtime/timeline.hpp"
@@ -66,6 +67,10 @@ class Executor {
   MPI_Comm world() const { return world_; }
   // Where parameter `pp` (a plan param) lives: pointer to its element `index` of the bucket layout.
   float* bucket_ptr(int32_t buf, int64_t offset) { return store_.f(buf) + offset; }
+  // The state as checkpoints see it (the backend's kernels, not a profiling wrapper: saves are not timed).
+  StateView state() {
+    return {plan_, backend_.kernels(), [this](int32_t buf) { return store_.f(buf); }, data_identity_, world_};
+  }
 
   // Timing: every instruction's start and end are recorded (cheap); after a step, its events can be
   // taken (for a trace file) and its times are summarized. The origin is set by set_time_origin.
