@@ -1,6 +1,6 @@
 // Parameter names and layouts between piper and Hugging Face transformers, for safetensors export and
-// import: GPT-2 as GPT2LMHeadModel names them (Conv1D weights stored (in, out)); Qwen3 and the MLP keep
-// piper's names, which are already those of Qwen3ForCausalLM.
+// import, as each family maps them (Family::to_hf/from_hf: GPT-2's GPT2LMHeadModel names, Conv1D weights
+// stored (in, out)); Qwen3 and the MLP keep piper's names, which are already those of Qwen3ForCausalLM.
 #pragma once
 #include <string>
 

@@ -1,7 +1,10 @@
 // The model's hyperparameters as the job file gives them: one plain struct for every family (ModelDims),
 // which the model families read and derive from and which travels in the plan as bytes.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+
+#include "util/bytes.hpp"
 
 namespace piper {
 
@@ -24,5 +27,11 @@ struct ModelDims {
   int act_width = 0;        // width of the activation handed between segments
   bool operator==(const ModelDims&) const = default;
 };
+
+// A ModelDims as plain bytes (a plan travels so): its bool members must each hold 0 or 1.
+inline ModelDims get_model_dims(ByteReader& r) {
+  return r.get<ModelDims>({offsetof(ModelDims, qk_norm), offsetof(ModelDims, tie_embeddings),
+                           offsetof(ModelDims, moe_norm_topk_prob)});
+}
 
 }  // namespace piper

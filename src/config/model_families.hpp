@@ -1,6 +1,7 @@
 // The model families as the job loader sees them: each kind, whether it trains on a token file, and the
 // reader of its [model] keys. The model layer (above config) registers its families here at start-up.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,7 @@ namespace piper {
 struct ModelFamilyReader {
   std::string kind;                                     // model.kind
   bool reads_tokens = true;                             // needs data.path (a token file)
-  void (*read_keys)(TomlReader& r, ModelSpec& spec) = nullptr;  // the family's keys of [model], checked
+  std::function<void(TomlReader& r, ModelSpec& spec)> read_keys;  // the family's keys of [model], checked
   std::vector<std::string> keys;                        // every key read_keys reads ("moe.experts")
 };
 

@@ -1,4 +1,4 @@
-// The registry of model families. A family reads its [model] keys, builds a Model (segments of its
+// The registry of model families. A family lists its [model] keys, builds a Model (segments of its
 // registered segment types, named parameters, FLOPs) and lists its segment types. See README.md here.
 #pragma once
 #include <string>
@@ -6,27 +6,34 @@
 
 #include "config/job.hpp"
 #include "model/model.hpp"
+#include "model/model_keys.hpp"
 #include "model/segment_type.hpp"
 
 namespace piper {
 
-class TomlReader;
+// A parameter as Hugging Face transformers names and lays it out.
+struct HfName {
+  std::string name;
+  bool transposed = false;  // stored (in, out) where piper keeps (out, in): GPT-2's Conv1D weights
+};
 
 struct Family {
   std::string kind;           // model.kind
   bool reads_tokens = true;   // needs data.path (a token file); else a synthetic task
-  // Reads and checks the family's keys of [model] into `spec` (errors through the reader).
-  void (*read_keys)(TomlReader& r, ModelSpec& spec) = nullptr;
+  // Its [model] keys in reading order (model_keys.hpp): the job loader reads them, checkpoints record
+  // their values, --resume compares them, the plan check holds a plan's dimensions to them.
+  std::vector<ModelKey> keys;
   Model (*build)(const ModelSpec& spec) = nullptr;
   std::vector<const SegmentType*> segment_types;
-  // Every [model] key read_keys reads, in order ("moe.experts" for [model.moe]): a checkpoint records their
-  // values and --resume compares them (model_key_values). A key new to all families adds a line to
-  // model_key_value in registry.cpp.
-  std::vector<std::string> keys;
+  // Hugging Face's name of a parameter, and of a Hugging Face tensor piper's (null: the names are the
+  // same). to_hf gives an empty name for a parameter Hugging Face lacks; from_hf an empty name for what
+  // piper does not keep (buffers), and the name unchanged for one it does not know.
+  HfName (*to_hf)(const std::string& piper_name) = nullptr;
+  HfName (*from_hf)(const std::string& hf_name) = nullptr;
 };
 
-// Reads the keys every decoder-only transformer family shares: vocab, seq_len, d_model, n_layers, n_heads.
-void read_decoder_keys(TomlReader& r, ModelSpec& spec);
+// The keys every decoder-only transformer family starts with: vocab, seq_len, d_model, n_layers, n_heads.
+std::vector<ModelKey> decoder_keys();
 
 // The model as "key=value" pairs: model.kind, then each key of its family with the value in effect (defaults
 // included), written as in a job file: "kind=gpt vocab=256 ... d_ff=1024" by model_keys_text. Checkpoints

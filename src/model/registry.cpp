@@ -3,7 +3,7 @@
 #include "model/family.hpp"
 
 #include <algorithm>
-#include <charconv>
+#include <climits>
 #include <utility>
 
 #include "config/model_families.hpp"
@@ -34,74 +34,31 @@ namespace {
 // The job loader (config/, a layer below) reads [model] through these readers: registered at start-up by
 // every program that links this file, which every program that builds models does.
 const bool registered_with_job_loader = [] {
-  for (const Family* f : families()) register_model_family_reader({f->kind, f->reads_tokens, f->read_keys, f->keys});
+  for (const Family* f : families()) {
+    std::vector<std::string> names;
+    for (const ModelKey& k : f->keys) names.push_back(k.name);
+    register_model_family_reader({f->kind, f->reads_tokens,
+                                  [f](TomlReader& r, ModelSpec& spec) { read_model_keys(r, f->keys, spec); }, names});
+  }
   return true;
 }();
 
 }  // namespace
 
-void read_decoder_keys(TomlReader& r, ModelSpec& m) {
-  m.vocab = int(r.get_int("vocab", m.vocab, 2, INT32_MAX));
-  m.seq_len = int(r.get_int("seq_len", m.seq_len, 1, 1 << 20));
-  m.d_model = int(r.get_int("d_model", m.d_model, 1, 1 << 20));
-  m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
-  m.n_heads = int(r.get_int("n_heads", m.n_heads, 1, 1 << 16));
+std::vector<ModelKey> decoder_keys() {
+  using D = ModelDims;
+  return {int_key<&D::vocab>("vocab", 2, INT32_MAX, "token ids are 0 .. vocab - 1"),
+          int_key<&D::seq_len>("seq_len", 1, 1 << 20, "tokens a sequence holds"),
+          int_key<&D::d_model>("d_model", 1, 1 << 20, "width of the residual stream"),
+          int_key<&D::n_layers>("n_layers", 1, 100000, "transformer layers"),
+          int_key<&D::n_heads>("n_heads", 1, 1 << 16, "attention (query) heads")};
 }
-
-namespace {
-
-std::string text_of(int v) { return std::to_string(v); }
-std::string text_of(bool v) { return v ? "true" : "false"; }
-// Shortest text that reads back as the same double (1e-06, 10000, 0.001).
-std::string text_of(double v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, res.ptr);
-}
-
-// Every model key of every family and where ModelDims keeps it.
-struct KeyField {
-  const char* key;
-  std::string (*value)(const ModelDims&);
-};
-const KeyField kKeyFields[] = {
-    {"vocab", [](const ModelDims& d) { return text_of(d.vocab); }},
-    {"seq_len", [](const ModelDims& d) { return text_of(d.seq_len); }},
-    {"d_model", [](const ModelDims& d) { return text_of(d.d_model); }},
-    {"n_layers", [](const ModelDims& d) { return text_of(d.n_layers); }},
-    {"n_heads", [](const ModelDims& d) { return text_of(d.n_heads); }},
-    {"n_kv_heads", [](const ModelDims& d) { return text_of(d.n_kv_heads); }},
-    {"head_dim", [](const ModelDims& d) { return text_of(d.head_dim); }},
-    {"d_ff", [](const ModelDims& d) { return text_of(d.d_ff); }},
-    {"rope_theta", [](const ModelDims& d) { return text_of(d.rope_theta); }},
-    {"norm_eps", [](const ModelDims& d) { return text_of(d.norm_eps); }},
-    {"qk_norm", [](const ModelDims& d) { return text_of(d.qk_norm); }},
-    {"tie_embeddings", [](const ModelDims& d) { return text_of(d.tie_embeddings); }},
-    {"d_in", [](const ModelDims& d) { return text_of(d.d_in); }},
-    {"d_hidden", [](const ModelDims& d) { return text_of(d.d_hidden); }},
-    {"n_classes", [](const ModelDims& d) { return text_of(d.n_classes); }},
-    {"moe.experts", [](const ModelDims& d) { return text_of(d.moe_experts); }},
-    {"moe.top_k", [](const ModelDims& d) { return text_of(d.moe_top_k); }},
-    {"moe.d_expert", [](const ModelDims& d) { return text_of(d.moe_d_expert); }},
-    {"moe.every", [](const ModelDims& d) { return text_of(d.moe_every); }},
-    {"moe.norm_topk_prob", [](const ModelDims& d) { return text_of(d.moe_norm_topk_prob); }},
-    {"moe.aux_loss_coef", [](const ModelDims& d) { return text_of(d.moe_aux_loss_coef); }},
-    {"moe.capacity_factor", [](const ModelDims& d) { return text_of(d.moe_capacity_factor); }},
-};
-
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> model_key_values(const ModelSpec& spec) {
   std::vector<std::pair<std::string, std::string>> out = {{"kind", spec.kind}};
   const Family* f = find_family(spec.kind);
   PIPER_CHECK(f, "unknown model.kind '", spec.kind, "'");
-  for (const std::string& key : f->keys) {
-    const KeyField* field = nullptr;
-    for (const KeyField& k : kKeyFields)
-      if (key == k.key) field = &k;
-    PIPER_CHECK(field, "model key '", key, "' of family ", f->kind, " has no entry in kKeyFields");
-    out.emplace_back(key, field->value(spec));
-  }
+  for (const ModelKey& k : f->keys) out.emplace_back(k.name, model_key_text(k, spec));
   return out;
 }
 
@@ -127,8 +84,8 @@ std::vector<std::pair<std::string, std::string>> parse_model_keys_text(const std
 std::vector<std::string> all_model_keys() {
   std::vector<std::string> keys = {"kind"};
   for (const Family* f : families())
-    for (const std::string& k : f->keys)
-      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    for (const ModelKey& k : f->keys)
+      if (std::find(keys.begin(), keys.end(), k.name) == keys.end()) keys.push_back(k.name);
   return keys;
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <set>
 
-#include "config/toml_reader.hpp"
 #include "model/family.hpp"
 #include "model/segment_type.hpp"
 #include "plan/owned_slices.hpp"
@@ -81,36 +80,11 @@ class PlanCheck {
     require((p_.data.kind == DataConfig::Kind::Tokens) == family->reads_tokens,
             "data kind does not suit model family ", family->kind);
     const ModelDims& d = p_.dims;
-    toml::table keys;
-    const std::pair<const char*, int> ints[] = {
-        {"vocab", d.vocab},   {"seq_len", d.seq_len},       {"d_model", d.d_model},   {"n_layers", d.n_layers},
-        {"n_heads", d.n_heads}, {"d_ff", d.d_ff},           {"n_kv_heads", d.n_kv_heads}, {"head_dim", d.head_dim},
-        {"d_in", d.d_in},     {"d_hidden", d.d_hidden},     {"n_classes", d.n_classes}};
-    for (const auto& [name, value] : ints) keys.insert(name, int64_t(value));
-    keys.insert("rope_theta", d.rope_theta);
-    keys.insert("norm_eps", d.norm_eps);
-    keys.insert("qk_norm", d.qk_norm);
-    keys.insert("tie_embeddings", d.tie_embeddings);
-    if (d.moe_experts != 0) {
-      toml::table moe;
-      moe.insert("experts", int64_t(d.moe_experts));
-      moe.insert("top_k", int64_t(d.moe_top_k));
-      moe.insert("d_expert", int64_t(d.moe_d_expert));
-      moe.insert("every", int64_t(d.moe_every));
-      moe.insert("norm_topk_prob", d.moe_norm_topk_prob);
-      moe.insert("aux_loss_coef", d.moe_aux_loss_coef);
-      moe.insert("capacity_factor", d.moe_capacity_factor);
-      keys.insert("moe", std::move(moe));
-    }
-    ModelSpec spec;
-    spec.kind = family->kind;
+    if (std::optional<KeyProblem> problem = check_model_keys(family->keys, d))
+      require(false, "dimensions a job file could not have: ", problem->message);
     Model built;
     try {
-      LoadContext ctx;
-      ctx.file = "plan";
-      TomlReader r(keys, "model", ctx);
-      family->read_keys(r, spec);
-      built = family->build(spec);
+      built = family->build(spec_from_keys(family->keys, family->kind, d));
     } catch (const UserError& e) {
       require(false, "dimensions a job file could not have: ", e.what());
     }
@@ -326,9 +300,11 @@ class PlanCheck {
     if (type.scratch_floats) require(p_.scratch_buf >= 0, "a segment that needs the scratch, and no scratch buffer");
   }
 
+  // The collective's group and its size; a reduction or gather also moves at most 2^31 floats at once.
   void collective_group(const Instr& in, int64_t& size) const {
     index(in.group, p_.groups.size(), "group");
     size = group_size(p_.groups[size_t(in.group)]);
+    if (in.op != Op::AllToAll) require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
   }
 
   // -1 (none) or an index into a table of n.
@@ -375,19 +351,16 @@ class PlanCheck {
         break;
       case Op::AllReduce:
         collective_group(in, g);
-        require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
         floats(in.buf, in.offset, in.count, buf_shard, "reduced");
         break;
       case Op::ReduceScatter:
         collective_group(in, g);
-        require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
         floats(in.src, in.src_offset, in.count * g, false, "reduce-scatter source");
         if (in.tmp >= 0) floats(in.tmp, 0, in.count, false, "reduce-scatter scratch");
         floats(in.buf, in.offset, in.count, buf_shard, "reduce-scatter destination");
         break;
       case Op::AllGather:
         collective_group(in, g);
-        require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
         floats(in.buf, in.offset, in.count * g, false, "gathered");
         if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source");
         break;

@@ -241,8 +241,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.threads = r.get<int32_t>();
   p.optimizer = get_optimizer(r);
   p.data = get_data(r);
-  p.dims = r.get<ModelDims>({offsetof(ModelDims, qk_norm), offsetof(ModelDims, tie_embeddings),
-                              offsetof(ModelDims, moe_norm_topk_prob)});
+  p.dims = get_model_dims(r);
   uint32_t np = r.get_count(4 + 8 + 8 + 1 + 4 + 1);
   for (uint32_t i = 0; i < np; ++i) {
     ParamSpec ps;

@@ -65,7 +65,7 @@ TEST_CASE("model keys: every key of every family, in a text that reads back", "[
   CHECK(parse_model_keys_text(q) == model_key_values(m));
   // each family's keys are keys its [model] table accepts: the values it resolves read back the same
   for (const Family* f : families()) {
-    const bool moe = std::find(f->keys.begin(), f->keys.end(), "moe.experts") != f->keys.end();
+    const bool moe = std::any_of(f->keys.begin(), f->keys.end(), [](const ModelKey& k) { return key_table_of(k) == "moe"; });
     const std::string data = f->reads_tokens ? "[data]\npath = \"" + test::scratch_data_file() + "\"\n" : "";
     const JobSpec first = load_job_text("[model]\nkind = \"" + f->kind + "\"\n" + (moe ? "[model.moe]\n" : "") + data,
                                         "job.toml");
@@ -80,6 +80,46 @@ TEST_CASE("model keys: every key of every family, in a text that reads back", "[
     CHECK(model_keys_text(again.model) == model_keys_text(first.model));
   }
   CHECK(all_model_keys().front() == "kind");
+}
+
+TEST_CASE("model key tables hold a plan's dimensions to the job file's ranges and rules", "[resume]") {
+  const Family* q = find_family("qwen3");
+  REQUIRE(q != nullptr);
+  ModelDims d;  // qwen3's defaults as the job loader resolves them
+  d.n_kv_heads = d.n_heads;
+  d.head_dim = d.d_model / d.n_heads;
+  CHECK_FALSE(check_model_keys(q->keys, d).has_value());
+  auto problem_key = [&](ModelDims bad) {
+    const std::optional<KeyProblem> p = check_model_keys(q->keys, bad);
+    return p ? p->key : std::string("none");
+  };
+  ModelDims bad = d;
+  bad.n_kv_heads = 3;  // does not divide n_heads: a rule
+  CHECK(problem_key(bad) == "n_kv_heads");
+  bad = d;
+  bad.head_dim = 1 << 17;  // a range
+  CHECK(problem_key(bad) == "head_dim");
+  bad = d;
+  bad.norm_eps = 0;  // an exclusive bound
+  CHECK(problem_key(bad) == "norm_eps");
+  bad = d;
+  bad.moe_experts = 4;
+  bad.moe_top_k = 5;  // a rule inside [model.moe]
+  CHECK(problem_key(bad) == "moe.top_k");
+  // Without [model.moe] (experts 0) its keys are left out, and a spec built from the dimensions keeps
+  // them at their defaults, so that the model it builds differs from dimensions that hold other values.
+  ModelDims no_moe = d;
+  no_moe.moe_top_k = 99;
+  CHECK_FALSE(check_model_keys(q->keys, no_moe).has_value());
+  CHECK(spec_from_keys(q->keys, "qwen3", no_moe).moe_top_k == ModelDims{}.moe_top_k);
+  CHECK(spec_from_keys(q->keys, "qwen3", bad).moe_top_k == 5);
+  // Every key of every family has a default and a line of documentation.
+  for (const Family* f : families())
+    for (const ModelKey& k : f->keys) {
+      INFO(f->kind << " " << k.name);
+      CHECK(k.fallback != nullptr);
+      CHECK(std::string(k.doc).size() > 10);
+    }
 }
 
 TEST_CASE("resume checks: the same settings pass, each difference is named with both values", "[resume]") {

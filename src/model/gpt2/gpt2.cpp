@@ -2,8 +2,8 @@
 // Registered in model/registry.cpp as model.kind = "gpt".
 #include <cmath>
 
-#include "config/toml_reader.hpp"
 #include "model/family.hpp"
+#include "model/gpt2/gpt2_hf_names.hpp"
 #include "model/gpt2/gpt2_segments.hpp"
 #include "util/error.hpp"
 
@@ -11,12 +11,16 @@ namespace piper {
 
 namespace {
 
-void read_keys(TomlReader& r, ModelSpec& m) {
-  read_decoder_keys(r, m);
-  m.d_ff = int(r.get_int("d_ff", 4 * m.d_model, 1, 1 << 22));
-  if (m.d_model % m.n_heads != 0)
-    r.error_msg(r.has("n_heads") ? "n_heads" : "d_model",
-                cat("n_heads (", m.n_heads, ") must divide d_model (", m.d_model, ")"));
+std::vector<ModelKey> keys() {
+  std::vector<ModelKey> k = decoder_keys();
+  k.push_back({.name = "d_ff", .field = &ModelDims::d_ff, .min = 1, .max = 1 << 22,
+               .fallback = [](const ModelDims& d) { return 4.0 * d.d_model; }, .doc = "width of the MLP's hidden layer",
+               .check = [](const ModelDims& d, const KeyGiven& given) -> std::optional<KeyProblem> {
+                 if (d.d_model % d.n_heads == 0) return std::nullopt;
+                 return KeyProblem{given("n_heads") ? "n_heads" : "d_model",
+                                   cat("n_heads (", d.n_heads, ") must divide d_model (", d.d_model, ")")};
+               }});
+  return k;
 }
 
 Model build(const ModelSpec& s) {
@@ -70,9 +74,9 @@ Model build(const ModelSpec& s) {
 }  // namespace
 
 const Family& gpt2_family() {
-  static const Family f{"gpt", true, read_keys, build,
-                        {&gpt2::embedding_type(), &gpt2::block_type(), &gpt2::head_type()},
-                        {"vocab", "seq_len", "d_model", "n_layers", "n_heads", "d_ff"}};
+  static const Family f{.kind = "gpt", .reads_tokens = true, .keys = keys(), .build = build,
+                        .segment_types = {&gpt2::embedding_type(), &gpt2::block_type(), &gpt2::head_type()},
+                        .to_hf = gpt2::to_hf, .from_hf = gpt2::from_hf};
   return f;
 }
 

@@ -2,7 +2,6 @@
 // synthetic teacher task; its keys, parameters, segment types and math. Shapes: b samples, H d_hidden.
 #include <cmath>
 
-#include "config/toml_reader.hpp"
 #include "model/family.hpp"
 #include "util/error.hpp"
 
@@ -113,11 +112,12 @@ const SegmentType& head_type() {
 
 bool is_first(const Segment& seg) { return seg.type == &first_layer_type(); }
 
-void read_keys(TomlReader& r, ModelSpec& m) {
-  m.d_in = int(r.get_int("d_in", m.d_in, 1, 1 << 20));
-  m.d_hidden = int(r.get_int("d_hidden", m.d_hidden, 1, 1 << 20));
-  m.n_layers = int(r.get_int("n_layers", m.n_layers, 1, 100000));
-  m.n_classes = int(r.get_int("n_classes", m.n_classes, 2, 1 << 20));
+std::vector<ModelKey> keys() {
+  using D = ModelDims;
+  return {int_key<&D::d_in>("d_in", 1, 1 << 20, "features of a sample"),
+          int_key<&D::d_hidden>("d_hidden", 1, 1 << 20, "width of every hidden layer"),
+          int_key<&D::n_layers>("n_layers", 1, 100000, "Linear+GELU layers"),
+          int_key<&D::n_classes>("n_classes", 2, 1 << 20, "classes of the synthetic task")};
 }
 
 Model build(const ModelSpec& s) {
@@ -146,8 +146,8 @@ Model build(const ModelSpec& s) {
 }  // namespace
 
 const Family& mlp_family() {
-  static const Family f{"mlp", false, read_keys, build, {&first_layer_type(), &layer_type(), &head_type()},
-                        {"d_in", "d_hidden", "n_layers", "n_classes"}};
+  static const Family f{.kind = "mlp", .reads_tokens = false, .keys = keys(), .build = build,
+                        .segment_types = {&first_layer_type(), &layer_type(), &head_type()}};
   return f;
 }
 

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <memory>
 
-#include "config/toml_reader.hpp"
 #include "model/family.hpp"
 #include "model/qwen3/qwen3_segments.hpp"
 #include "util/error.hpp"
@@ -12,35 +11,58 @@ namespace piper {
 
 namespace {
 
-void read_keys(TomlReader& r, ModelSpec& m) {
-  read_decoder_keys(r, m);
-  m.n_kv_heads = int(r.get_int("n_kv_heads", m.n_heads, 1, 1 << 16));
-  if (m.n_heads % m.n_kv_heads != 0)
-    r.error_msg("n_kv_heads", cat("n_kv_heads (", m.n_kv_heads, ") must divide n_heads (", m.n_heads, ")"));
-  if (!r.has("head_dim") && m.d_model % m.n_heads != 0)
-    r.error_msg(r.has("n_heads") ? "n_heads" : "d_model",
-                cat("n_heads (", m.n_heads, ") must divide d_model (", m.d_model, ") unless head_dim is given"));
-  m.head_dim = int(r.get_int("head_dim", m.d_model / m.n_heads, 2, 1 << 16));
-  if (m.head_dim % 2 != 0)
-    r.error_msg("head_dim", cat("head_dim (", m.head_dim, ") must be even: RoPE rotates pairs of dimensions"));
-  m.d_ff = int(r.get_int("d_ff", m.d_ff, 1, 1 << 22));
-  m.rope_theta = r.get_float("rope_theta", 1e6, 0.0, 1e12, true);
-  m.norm_eps = r.get_float("norm_eps", 1e-6, 0.0, 1.0, true);
-  m.qk_norm = r.get_bool("qk_norm", true);
-  m.tie_embeddings = r.get_bool("tie_embeddings", false);
-  std::unique_ptr<TomlReader> moe;
-  if (r.sub_table("moe", moe)) {
-    m.moe_experts = int(moe->get_int("experts", 8, 1, 1 << 16));
-    m.moe_top_k = int(moe->get_int("top_k", 2, 1, 1 << 16));
-    if (m.moe_top_k > m.moe_experts)
-      moe->error_msg("top_k", cat("top_k (", m.moe_top_k, ") must not exceed experts (", m.moe_experts, ")"));
-    m.moe_d_expert = int(moe->get_int("d_expert", m.d_ff, 1, 1 << 22));
-    m.moe_every = int(moe->get_int("every", 1, 1, 1 << 20));
-    m.moe_norm_topk_prob = moe->get_bool("norm_topk_prob", true);
-    m.moe_aux_loss_coef = moe->get_float("aux_loss_coef", 0.001, 0.0, 1e6);
-    m.moe_capacity_factor = moe->get_float("capacity_factor", 0.0, 0.0, 1e6);
-    moe->finish();
-  }
+std::optional<KeyProblem> heads_divide(const ModelDims& d, const KeyGiven& given) {
+  if (d.n_heads % d.n_kv_heads != 0)
+    return KeyProblem{"n_kv_heads", cat("n_kv_heads (", d.n_kv_heads, ") must divide n_heads (", d.n_heads, ")")};
+  if (!given("head_dim") && d.d_model % d.n_heads != 0)  // before head_dim's default is taken from them
+    return KeyProblem{given("n_heads") ? "n_heads" : "d_model",
+                      cat("n_heads (", d.n_heads, ") must divide d_model (", d.d_model, ") unless head_dim is given")};
+  return std::nullopt;
+}
+
+std::vector<ModelKey> keys() {
+  using D = ModelDims;
+  std::vector<ModelKey> k = decoder_keys();
+  const std::vector<ModelKey> own = {
+      {.name = "n_kv_heads", .field = &D::n_kv_heads, .min = 1, .max = 1 << 16,
+       .fallback = [](const D& d) { return double(d.n_heads); }, .doc = "key/value heads (grouped-query attention)",
+       .check = heads_divide},
+      {.name = "head_dim", .field = &D::head_dim, .min = 2, .max = 1 << 16,
+       .fallback = [](const D& d) { return double(d.d_model / d.n_heads); }, .doc = "width of one attention head",
+       .check = [](const D& d, const KeyGiven&) -> std::optional<KeyProblem> {
+         if (d.head_dim % 2 == 0) return std::nullopt;
+         return KeyProblem{"head_dim", cat("head_dim (", d.head_dim, ") must be even: RoPE rotates pairs of dimensions")};
+       }},
+      int_key<&D::d_ff>("d_ff", 1, 1 << 22, "width of the dense MLP's hidden layer"),
+      {.name = "rope_theta", .field = &D::rope_theta, .min = 0, .max = 1e12, .min_exclusive = true,
+       .fallback = [](const D&) { return 1e6; }, .doc = "base of the RoPE rotation frequencies"},
+      {.name = "norm_eps", .field = &D::norm_eps, .min = 0, .max = 1, .min_exclusive = true,
+       .fallback = [](const D&) { return 1e-6; }, .doc = "RMSNorm epsilon"},
+      {.name = "qk_norm", .field = &D::qk_norm, .fallback = [](const D&) { return 1.0; },
+       .doc = "RMSNorm of each head's queries and keys"},
+      {.name = "tie_embeddings", .field = &D::tie_embeddings, .fallback = [](const D&) { return 0.0; },
+       .doc = "the LM head is the token embedding"},
+      {.name = "moe.experts", .field = &D::moe_experts, .min = 1, .max = 1 << 16, .fallback = [](const D&) { return 8.0; },
+       .doc = "experts of each mixture-of-experts layer ([model.moe] present: the MLPs are mixtures)"},
+      {.name = "moe.top_k", .field = &D::moe_top_k, .min = 1, .max = 1 << 16, .fallback = [](const D&) { return 2.0; },
+       .doc = "experts each token is routed to",
+       .check = [](const D& d, const KeyGiven&) -> std::optional<KeyProblem> {
+         if (d.moe_top_k <= d.moe_experts) return std::nullopt;
+         return KeyProblem{"moe.top_k", cat("top_k (", d.moe_top_k, ") must not exceed experts (", d.moe_experts, ")")};
+       }},
+      {.name = "moe.d_expert", .field = &D::moe_d_expert, .min = 1, .max = 1 << 22,
+       .fallback = [](const D& d) { return double(d.d_ff); }, .doc = "width of an expert's hidden layer"},
+      {.name = "moe.every", .field = &D::moe_every, .min = 1, .max = 1 << 20, .fallback = [](const D&) { return 1.0; },
+       .doc = "layer l is a mixture when (l + 1) % every == 0"},
+      {.name = "moe.norm_topk_prob", .field = &D::moe_norm_topk_prob, .fallback = [](const D&) { return 1.0; },
+       .doc = "the top-k routing weights are renormalized to sum to 1"},
+      {.name = "moe.aux_loss_coef", .field = &D::moe_aux_loss_coef, .min = 0, .max = 1e6,
+       .fallback = [](const D&) { return 0.001; }, .doc = "weight of the load-balancing loss"},
+      {.name = "moe.capacity_factor", .field = &D::moe_capacity_factor, .min = 0, .max = 1e6,
+       .fallback = [](const D&) { return 0.0; }, .doc = "tokens an expert takes, times the even share; 0: dropless"},
+  };
+  k.insert(k.end(), own.begin(), own.end());
+  return k;
 }
 
 // Layer l's MLP is a mixture of experts when (l + 1) % every == 0.
@@ -120,12 +142,10 @@ Model build(const ModelSpec& s) {
 }  // namespace
 
 const Family& qwen3_family() {
-  static const Family f{"qwen3", true, read_keys, build,
-                        {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(), &qwen3::moe_dispatch_type(),
-                         &qwen3::moe_experts_type(), &qwen3::moe_combine_type(), &qwen3::head_type()},
-                        {"vocab", "seq_len", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "rope_theta",
-                         "norm_eps", "qk_norm", "tie_embeddings", "moe.experts", "moe.top_k", "moe.d_expert", "moe.every",
-                         "moe.norm_topk_prob", "moe.aux_loss_coef", "moe.capacity_factor"}};
+  static const Family f{.kind = "qwen3", .reads_tokens = true, .keys = keys(), .build = build,
+                        .segment_types = {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(),
+                                          &qwen3::moe_dispatch_type(), &qwen3::moe_experts_type(),
+                                          &qwen3::moe_combine_type(), &qwen3::head_type()}};
   return f;
 }
 
