@@ -40,6 +40,9 @@ class JsonWriter {
 
  private:
   void before_value();
+  JsonWriter& open(char bracket);   // '{' or '['
+  JsonWriter& close(char bracket);  // '}' or ']'
+
 
   std::string out_;
   std::vector<bool> first_;  // per open object or array: nothing written in it yet

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "util/error.hpp"
@@ -30,18 +31,11 @@ template <int W>
 inline uint32_t load(const uint8_t* p) {
   if constexpr (W == 1) {
     return p[0];
-  } else if constexpr (W == 2) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap16(v);
-#endif
-    return v;
   } else {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
+    std::conditional_t<W == 2, uint16_t, uint32_t> v;
+    std::memcpy(&v, p, W);
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
+    if constexpr (W == 2) v = __builtin_bswap16(v); else v = __builtin_bswap32(v);
 #endif
     return v;
   }

@@ -25,16 +25,7 @@ const char* node_kind_name(NodeKind k) {
   return "?";
 }
 
-const char* pass_name(NodeKind k) {
-  switch (k) {
-    case NodeKind::F: return "F";
-    case NodeKind::B: return "B";
-    case NodeKind::BI: return "BI";
-    case NodeKind::BW: return "BW";
-    case NodeKind::UPDATE: return "UPDATE";
-    default: return "";
-  }
-}
+const char* pass_name(NodeKind k) { return is_compute(k) || k == NodeKind::UPDATE ? node_kind_name(k) : ""; }
 
 bool is_compute(NodeKind k) { return k == NodeKind::F || k == NodeKind::B || k == NodeKind::BI || k == NodeKind::BW; }
 bool is_comm(NodeKind k) { return !is_compute(k) && k != NodeKind::UPDATE; }
