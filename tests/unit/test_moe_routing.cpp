@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "model/qwen3/moe_routing.hpp"
+#include "model/moe/routing.hpp"
 #include "test_util.hpp"
 
 using namespace piper;

@@ -1,11 +1,11 @@
 // Qwen3 mixture-of-experts MLP half of a layer, x + Σ_k w_k · expert_k(norm x), as three segments so that
-// an exchange can sit between them: dispatch (norm, router, routing of moe_routing.hpp, the routed rows in
+// an exchange can sit between them: dispatch (norm, router, routing of model/moe/routing.hpp, the routed rows in
 // expert order), experts (each expert's SwiGLU on its rows) and combine (weights and residual).
 // Shapes: n = b·T tokens, C d_model, E experts, K top_k, DE d_expert, A = worst-case kept assignments.
 #include <algorithm>
 #include <vector>
 
-#include "model/qwen3/moe_routing.hpp"
+#include "model/moe/routing.hpp"
 #include "model/qwen3/qwen3_segments.hpp"
 
 namespace piper::qwen3 {

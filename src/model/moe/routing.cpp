@@ -1,6 +1,6 @@
-// Mixture-of-experts routing on the host (see moe_routing.hpp). Everything here is a function of one
+// Mixture-of-experts routing on the host (see routing.hpp). Everything here is a function of one
 // sequence's tokens at a time, so microbatching and expert placement cannot change it.
-#include "model/qwen3/moe_routing.hpp"
+#include "model/moe/routing.hpp"
 
 #include <algorithm>
 #include <cmath>
