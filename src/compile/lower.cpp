@@ -586,7 +586,7 @@ class Lowerer {
     const SegmentSizes z = segment_sizes(segs_[size_t(r.seg_begin)], m_.dims, b_);
     PIPER_CHECK(z.ragged_parts > 0, "exchange at a segment without counted rows");
     in.parts = z.ragged_parts;
-    in.count = z.ragged_width;
+    in.row_width = z.ragged_width;
     in.rows = int64_t((z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width))) / n_;
   }
 

@@ -149,7 +149,7 @@ class Simulator {
           }
           const Instr& a = b_[size_t(first.set)].instrs[size_t(first.instr)];
           const Instr& c = b_[size_t(r.set)].instrs[size_t(r.instr)];
-          if (a.op != c.op || a.count != c.count)
+          if (a.op != c.op || a.count != c.count || a.row_width != c.row_width)
             throw UserError(cat("plans would deadlock: the members of group ", g.str(),
                                 " issue collectives in different orders: collective ", k + 1, " is ",
                                 describe(b_, first), " but ", describe(b_, r)));

@@ -53,7 +53,7 @@ double instr_send_bytes(const Instr& in, int n) {
     case SendRule::Message: return double(in.count) * elem;
     case SendRule::RingAllReduce: return n > 1 ? 2.0 * (n - 1) / n * double(in.count) * elem : 0;
     case SendRule::PerRankCount: return double(n - 1) * double(in.count) * elem;
-    case SendRule::RowsBound: return n > 1 ? double(n - 1) / n * double(in.rows) * double(in.count) * elem : 0;
+    case SendRule::RowsBound: return n > 1 ? double(n - 1) / n * double(in.rows) * double(in.row_width) * elem : 0;
   }
   return 0;
 }

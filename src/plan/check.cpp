@@ -367,7 +367,7 @@ class PlanCheck {
       case Op::AllToAll:
         collective_group(in, g);
         require(in.parts >= g && in.parts % g == 0, in.parts, " parts over a group of ", g);
-        require(in.count <= INT32_MAX && in.rows >= 0, "row width or rows out of range");
+        require(in.row_width >= 1 && in.rows >= 0 && in.count == 0, "row width or rows out of range");
         bytes(in.src, uint64_t(in.parts) * 4, "exchange source");
         bytes(in.buf, uint64_t(in.parts) * 4, "exchange destination");
         break;

@@ -120,7 +120,7 @@ std::string plan_to_text(const Plan& p) {
     buf("src", in.src);
     buf("tmp", in.tmp);
     if (in.count) os << " count=" << in.count;
-    if (in.parts) os << " parts=" << in.parts << " rows<=" << in.rows;
+    if (in.parts) os << " parts=" << in.parts << " width=" << in.row_width << " rows<=" << in.rows;
     if (in.flags) os << " flags=" << int(in.flags);
     if (std::find(in.overwrite.begin(), in.overwrite.end(), 1) != in.overwrite.end()) {
       os << " overwrite=";

@@ -13,7 +13,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 5;
+constexpr uint32_t kPlanVersion = 6;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -95,9 +95,11 @@ struct Instr {
   float loss_scale = 0;
   // communication and update: destination `buf`, source `src` (-1: in place), scratch `tmp`
   int32_t buf = -1, src = -1, tmp = -1, m = -1, v = -1;
-  int64_t offset = 0, src_offset = 0, count = 0;  // elements; count is per rank for RS/AG, the row width for A2A
-  int32_t parts = 0;        // all-to-all: counted parts in the buffers' header (part p goes to rank p / (parts / n))
-  int64_t rows = 0;         // all-to-all: rows this rank sends at most (for the cost model)
+  int64_t offset = 0, src_offset = 0, count = 0;  // elements; count is per rank for RS/AG
+  // all-to-all: counted rows of `row_width` floats, in `parts` parts (part p goes to rank p / (parts / n))
+  int32_t parts = 0;
+  int32_t row_width = 0;
+  int64_t rows = 0;         // rows this rank sends at most (for the cost model)
   std::vector<Span> spans;  // step sync: gradient ranges this rank counts in the norm
   std::vector<int32_t> waits;  // instructions (on other streams) that must be complete first
 };

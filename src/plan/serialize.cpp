@@ -14,9 +14,9 @@ namespace {
 
 constexpr uint32_t kMagic = 0x50495052;  // "PIPR"
 // Bytes of an instruction with empty lists: op, stream and flags, 21 int32 fields, 4 list lengths,
-// loss_scale, 4 int64 fields, parts and the span count. A count of more than the bytes left can hold is
+// loss_scale, 4 int64 fields, parts, row_width and the span count. A count of more than the bytes left can hold is
 // corrupt (checked before anything is reserved).
-constexpr size_t kInstrMinBytes = 3 + 21 * 4 + 4 * 8 + 4 + 4 * 8 + 4 + 4;
+constexpr size_t kInstrMinBytes = 3 + 21 * 4 + 4 * 8 + 4 + 4 * 8 + 4 + 4 + 4;
 
 void put_optimizer(ByteWriter& w, const OptimizerConfig& o) {
   w.put_string(o.kind);
@@ -73,6 +73,7 @@ void put_instr(ByteWriter& w, const Instr& in) {
   w.put(in.src_offset);
   w.put(in.count);
   w.put(in.parts);
+  w.put(in.row_width);
   w.put(in.rows);
   put_int_vec(w, in.pbuf);
   put_int_vec(w, in.gbuf);
@@ -101,6 +102,7 @@ Instr get_instr(ByteReader& r) {
   in.src_offset = r.get<int64_t>();
   in.count = r.get<int64_t>();
   in.parts = r.get<int32_t>();
+  in.row_width = r.get<int32_t>();
   in.rows = r.get<int64_t>();
   in.pbuf = r.get_vector<int32_t>();
   in.gbuf = r.get_vector<int32_t>();

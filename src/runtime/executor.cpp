@@ -341,7 +341,7 @@ void Executor::execute(Stream& s, int32_t i) {
       return;
     }
     case Op::AllToAll:
-      post(group(in.group).all_to_all_rows(store_.f(in.src), store_.f(in.buf), in.parts, int(in.count), ctx));
+      post(group(in.group).all_to_all_rows(store_.f(in.src), store_.f(in.buf), in.parts, in.row_width, ctx));
       return;
     case Op::AllGather: {
       const float* src = in.src >= 0 ? store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard) : nullptr;
