@@ -72,9 +72,7 @@ void read_model_keys(TomlReader& r, const std::vector<ModelKey>& keys, ModelSpec
 namespace {
 
 double value_of(const ModelKey& k, const ModelDims& d) {
-  if (auto* f = std::get_if<int ModelDims::*>(&k.field)) return d.*(*f);
-  if (auto* g = std::get_if<double ModelDims::*>(&k.field)) return d.*(*g);
-  return d.*std::get<bool ModelDims::*>(k.field) ? 1 : 0;
+  return std::visit([&](auto field) { return double(d.*field); }, k.field);
 }
 
 // Calls visit(k) for every key of `keys` that `d` has: all but those of an optional table whose first key is 0.
@@ -114,9 +112,7 @@ ModelSpec spec_from_keys(const std::vector<ModelKey>& keys, const std::string& k
   spec.kind = kind;
   ModelDims& d = spec;
   for_each_present_key(keys, from, [&](const ModelKey& k) {
-    if (auto* f = std::get_if<int ModelDims::*>(&k.field)) d.*(*f) = from.*(*f);
-    else if (auto* g = std::get_if<double ModelDims::*>(&k.field)) d.*(*g) = from.*(*g);
-    else d.*std::get<bool ModelDims::*>(k.field) = from.*std::get<bool ModelDims::*>(k.field);
+    std::visit([&](auto field) { d.*field = from.*field; }, k.field);
   });
   return spec;
 }
