@@ -6,8 +6,8 @@ rank 0's memory growth during a save, for that model and for the quickstart's 30
 what checkpoints cost the quickstart's training (60 steps at 2 threads, a save every 10 steps: none,
 synchronous, asynchronous, interleaved), from the run's own time for its training loop.
 
-Each checkpoint is resumed twice on as many ranks: as it was saved (ZeRO-0: every replica holds, so reads,
-the whole state) and under ZeRO-3 (every rank reads only its shard). The page cache is dropped before every read (piper's resume and dd's) when /proc/sys/vm/drop_caches is
+Each checkpoint is resumed twice on as many ranks: as it was saved (ZeRO-0: every replica holds the whole
+state; each reads a part and broadcasts it to the others) and under ZeRO-3 (every rank reads only its shard). The page cache is dropped before every read (piper's resume and dd's) when /proc/sys/vm/drop_caches is
 writable; the script says whether it was. Piper's read is two phases: rank 0 verifies the file's structure
 and checksum (attributes and block hashes, not the tensors' bytes), then every rank reads its own ranges
 through whole blocks and checks each against its hash.

@@ -165,6 +165,8 @@ class Kernels {
   // Null when it cannot be had; freed with host_free.
   virtual void* host_alloc(size_t bytes) { return std::malloc(bytes); }
   virtual void host_free(void* p) { std::free(p); }
+  // Whether buffer memory is host memory that MPI and the host may read and write directly (CPU).
+  virtual bool buffers_on_host() const { return false; }
 };
 
 }  // namespace piper

@@ -99,6 +99,7 @@ class ProfilingKernels : public Kernels {
   void download(void* host_dst, const void* src, size_t bytes) override { k_.download(host_dst, src, bytes); }
   void* host_alloc(size_t bytes) override { return k_.host_alloc(bytes); }
   void host_free(void* p) override { k_.host_free(p); }
+  bool buffers_on_host() const override { return k_.buffers_on_host(); }
 
  private:
   // Runs `f`, adds its time to the kernel's, the current region's and (for matmuls) the shape's totals.

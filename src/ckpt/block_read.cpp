@@ -161,15 +161,12 @@ bool all_finite(const float* data, size_t n) {
 
 }  // namespace
 
-void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out,
-                              int stride, int phase) {
-  read(group, p, begin, count, [&](const float* data, int64_t at, int64_t n) {
-    std::copy(data, data + n, out + at);
-  }, stride, phase);
+void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out) {
+  read(group, p, begin, count, [&](const float* data, int64_t at, int64_t n) { std::copy(data, data + n, out + at); });
 }
 
 void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t begin, int64_t count,
-                              const Deliver& deliver, int stride, int phase) {
+                              const Deliver& deliver) {
   if (count <= 0) return;
   start_read_ahead();
   const std::string name = cat(group, "/", p.name);
@@ -183,15 +180,6 @@ void BlockCheckedReader::read(const char* group, const ParamSpec& p, int64_t beg
   for (uint64_t b = uint64_t(begin) / s.block; b * s.block < end; ++b) {
     const uint64_t from = b * s.block, to = std::min(numel, from + s.block);  // the block's elements
     const uint64_t lo = std::max<uint64_t>(from, uint64_t(begin)), hi = std::min(to, end);  // the range's part
-    if (int(b % uint64_t(stride)) != phase) {  // another rank checks this block: read only the range's part
-      for (uint64_t c = lo; c < hi; c += kChunkElements) {
-        const uint64_t c_to = std::min(hi, c + kChunkElements);
-        block_.resize(size_t(c_to - c));
-        read_bytes(block_.data(), c_to - c, c);
-        deliver(block_.data(), int64_t(c) - begin, int64_t(c_to - c));
-      }
-      continue;
-    }
     // The block in chunks small enough to stay in the cache while they are hashed, checked and handed on
     // (a whole 4 MiB block read at once goes out to memory and back, at a fraction of the disk's speed).
     Xxh64 hash;

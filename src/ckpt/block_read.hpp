@@ -27,16 +27,13 @@ class BlockCheckedReader {
 
   // Elements [begin, begin + count) of group/p.name, flattened row-major, into `out`. Throws UserError
   // "PATH: tensor 'NAME' ..." when the tensor is missing, has another shape or layout, or a block it
-  // touches does not match its recorded hash or holds a non-finite value. Only the blocks b with
-  // b % stride == phase are checked (ranks that read the same range share its checks).
-  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out, int stride = 1,
-            int phase = 0);
+  // touches does not match its recorded hash or holds a non-finite value.
+  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, float* out);
   // The same range handed over piece by piece as it is read and checked: deliver(data, at, n) receives the
   // range's elements [at, at + n) (at from the range's start), from a buffer reused for every block, so
   // that no copy of the whole range is made (the caller uploads each piece where it belongs).
   using Deliver = std::function<void(const float* data, int64_t at, int64_t n)>;
-  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, const Deliver& deliver,
-            int stride = 1, int phase = 0);
+  void read(const char* group, const ParamSpec& p, int64_t begin, int64_t count, const Deliver& deliver);
   // Announces a range that read() will be asked for, in the order of the reads, before the first read: a
   // thread then brings exactly those parts of the file into the page cache, sequentially and a little
   // ahead of the reads, so that the disk works while this thread hashes and hands on. Throws as read().

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <exception>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "ckpt/folder.hpp"
 #include "ckpt/hdf5_util.hpp"
 #include "ckpt/parallel_save.hpp"
+#include "ckpt/replica_share.hpp"
 #include "ckpt/verify.hpp"
 #include "ckpt/resume_check.hpp"
 #include "plan/owned_slices.hpp"
@@ -338,11 +340,9 @@ namespace {
 
 // Every rank reads the ranges of parameters and moments that it holds, in the order they lie in the file;
 // `checked` (version 3) reads them through whole blocks checked against their hashes, block by block, each
-// uploaded where it belongs as soon as it is checked (no copy of a whole range). A range every replica of a
-// data-parallel group reads alike has its blocks checked by one of them each (block b by replica b mod n);
-// the ranks agree on any failure before training starts. (Sharing the reading instead, one replica reading
-// each part and broadcasting it, was slower on one node, where the replicas share the page cache:
-// bench/README.md, "checkpoint_io".)
+// uploaded where it belongs as soon as it is checked (no copy of a whole range). The ranges the replicas of
+// a data-parallel group hold alike are read once by the group: each replica reads and checks a contiguous
+// part and broadcasts it (replica_share.hpp); the ranks agree on any failure before training starts.
 void read_tensors(const StateView& state, hid_t file, const std::string& path, BlockCheckedReader* checked) {
   const Plan& plan = state.plan;
   Kernels& k = state.kernels;
@@ -351,7 +351,7 @@ void read_tensors(const StateView& state, hid_t file, const std::string& path, B
     const PlanParam* pp;
     int64_t begin, count;        // elements of the tensor
     float* dst;                  // where they go in the state
-    int stride, phase;           // blocks this rank checks: b % stride == phase
+    int32_t group;               // the data-parallel group holding it alike, -1 this rank alone
   };
   std::vector<Range> ranges;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -360,31 +360,70 @@ void read_tensors(const StateView& state, hid_t file, const std::string& path, B
       const bool sharded = t == 0 ? pb.shard_params : pb.shard_optimizer;
       const BucketRange owned = owned_range(pb, plan.replica, sharded);
       const int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
-      const bool alike = !sharded && pb.group_size > 1;
+      const bool alike = !sharded && pb.group_size > 1 && pb.group >= 0;
       for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& piece) {
         ranges.push_back({t, piece.pp, piece.param_begin(), piece.count(), state.at(buf, piece.begin - owned.lo),
-                          alike ? pb.group_size : 1, alike ? plan.replica % pb.group_size : 0});
+                          alike ? pb.group : -1});
       });
     }
   }
   std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) {  // groups, then parameters
     return std::tie(x.t, x.pp->model_param, x.begin) < std::tie(y.t, y.pp->model_param, y.begin);
   });
-  // Replicas reading the same ranges start at different places of the list (replica r of n at r/n of it),
-  // so that they read different parts of the file at once and each part comes off the disk once.
-  int replicas = 1;
-  for (const PlanBucket& pb : plan.buckets) replicas = std::max(replicas, int(pb.group_size));
-  std::rotate(ranges.begin(), ranges.begin() + long(ranges.size() * size_t(plan.replica % replicas) / size_t(replicas)),
-              ranges.end());
-  if (checked)
-    for (const Range& r : ranges) checked->expect(kGroups[r.t], plan.params[size_t(r.pp->model_param)], r.begin, r.count);
+  // The alike ranges are shared within their group when the file is block-checked and no rank holds alike
+  // ranges of two groups (every rank takes part in this decision); otherwise every rank reads all its own.
+  int32_t shared_group = -1;
+  int several = 0, any_several = 0;
+  for (const Range& r : ranges)
+    if (r.group >= 0) {
+      if (shared_group >= 0 && r.group != shared_group) several = 1;
+      shared_group = r.group;
+    }
+  MPI_CHECK(MPI_Allreduce(&several, &any_several, 1, MPI_INT, MPI_MAX, state.world));
+  if (!checked || any_several) shared_group = -1;
+  std::unique_ptr<ReplicaShare> share;
+  MPI_Comm group_comm = MPI_COMM_NULL;
+  if (shared_group >= 0) {
+    const std::vector<int32_t> members = plan.group_ranks(plan.groups[size_t(shared_group)]);
+    MPI_Group world_group = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+    MPI_CHECK(MPI_Comm_group(state.world, &world_group));
+    MPI_CHECK(MPI_Group_incl(world_group, int(members.size()), members.data(), &g));
+    MPI_CHECK(MPI_Comm_create_group(state.world, g, 0, &group_comm));
+    MPI_Group_free(&g);
+    MPI_Group_free(&world_group);
+    std::vector<SharedRange> alike;
+    for (const Range& r : ranges)
+      if (r.group >= 0) alike.push_back({kGroups[r.t], &plan.params[size_t(r.pp->model_param)], r.begin, r.count, r.dst});
+    share = std::make_unique<ReplicaShare>(std::move(alike), group_comm);
+  }
+  struct CommFree {
+    MPI_Comm& c;
+    ~CommFree() {
+      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+    }
+  } comm_free{group_comm};
+  const bool sharing = share && share->agreed();
+  auto own = [&](const Range& r) { return !sharing || r.group < 0; };  // read by this rank, not shared
+  std::exception_ptr announce_failure;  // a missing or misshapen tensor; the group agrees on it first
+  try {
+    if (checked) {
+      if (sharing) share->expect(*checked);
+      for (const Range& r : ranges)
+        if (own(r)) checked->expect(kGroups[r.t], plan.params[size_t(r.pp->model_param)], r.begin, r.count);
+    }
+  } catch (...) {
+    announce_failure = std::current_exception();
+  }
+  if (sharing) share->read(*checked, k, announce_failure);
+  if (announce_failure) std::rethrow_exception(announce_failure);
   std::vector<float> host;  // versions 1 and 2: a whole range through HDF5
   for (const Range& r : ranges) {
+    if (!own(r)) continue;
     const ParamSpec& spec = plan.params[size_t(r.pp->model_param)];
     if (checked) {
       checked->read(kGroups[r.t], spec, r.begin, r.count, [&](const float* data, int64_t at, int64_t n) {
         k.upload(r.dst + at, data, size_t(n) * sizeof(float));
-      }, r.stride, r.phase);
+      });
       continue;
     }
     host.resize(size_t(r.count));

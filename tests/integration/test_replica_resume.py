@@ -1,5 +1,5 @@
-"""Resume with replicas that share the checking: under DP2 and DP4 (ZeRO 0, every replica holds the whole
-state) each block of a range the replicas hold alike is checked by one of them. A resumed run continues bit
+"""Resume with replicas that share the reading: under DP2 and DP4 (ZeRO 0, every replica holds the whole
+state) each replica reads and checks a part of the ranges the replicas hold alike and broadcasts it. A resumed run continues bit
 for bit, and a damaged block anywhere in the file, whichever replica checks it, ends every rank with exit
 code 2 naming the damaged tensor, printed by the replica that found it; nothing hangs."""
 import os
@@ -32,7 +32,7 @@ def main():
                 "--metrics", part, "--set", f'checkpoint.dir="{ck}-{ranks}"')
             if ranks == 2 and [m["loss"] for m in metrics(part)] != [m["loss"] for m in metrics(full)][10:]:
                 fail("DP2: the resumed run differs from the uninterrupted run")
-        print("ok  DP2 resumed with shared checking continues bit for bit; DP4 resumes")
+        print("ok  DP2 resumed with shared reading continues bit for bit; DP4 resumes")
         good = os.path.join(ck, "step_00000010.h5")
         for fraction in (0.2, 0.5, 0.8, 0.95):
             bad = os.path.join(d, "bad", "step_00000010.h5")

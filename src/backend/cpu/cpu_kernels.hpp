@@ -64,6 +64,7 @@ class CpuKernels final : public Kernels {
                     bool accumulate) override;
   void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
+  bool buffers_on_host() const override { return true; }
   void download(void* host_dst, const void* src, size_t bytes) override;
 
  private:
