@@ -382,26 +382,13 @@ void read_tensors(const StateView& state, hid_t file, const std::string& path, B
   MPI_CHECK(MPI_Allreduce(&several, &any_several, 1, MPI_INT, MPI_MAX, state.world));
   if (!checked || any_several) shared_group = -1;
   std::unique_ptr<ReplicaShare> share;
-  MPI_Comm group_comm = MPI_COMM_NULL;
   if (shared_group >= 0) {
-    const std::vector<int32_t> members = plan.group_ranks(plan.groups[size_t(shared_group)]);
-    MPI_Group world_group = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
-    MPI_CHECK(MPI_Comm_group(state.world, &world_group));
-    MPI_CHECK(MPI_Group_incl(world_group, int(members.size()), members.data(), &g));
-    MPI_CHECK(MPI_Comm_create_group(state.world, g, 0, &group_comm));
-    MPI_Group_free(&g);
-    MPI_Group_free(&world_group);
     std::vector<SharedRange> alike;
     for (const Range& r : ranges)
       if (r.group >= 0) alike.push_back({kGroups[r.t], &plan.params[size_t(r.pp->model_param)], r.begin, r.count, r.dst});
-    share = std::make_unique<ReplicaShare>(std::move(alike), group_comm);
+    share = std::make_unique<ReplicaShare>(std::move(alike), state.world,
+                                           plan.group_ranks(plan.groups[size_t(shared_group)]));
   }
-  struct CommFree {
-    MPI_Comm& c;
-    ~CommFree() {
-      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
-    }
-  } comm_free{group_comm};
   const bool sharing = share && share->agreed();
   auto own = [&](const Range& r) { return !sharing || r.group < 0; };  // read by this rank, not shared
   std::exception_ptr announce_failure;  // a missing or misshapen tensor; the group agrees on it first

@@ -13,19 +13,25 @@
 
 namespace piper {
 
-ReplicaShare::ReplicaShare(std::vector<SharedRange> ranges, MPI_Comm comm) : ranges_(std::move(ranges)), comm_(comm) {
+ReplicaShare::ReplicaShare(std::vector<SharedRange> ranges, MPI_Comm world, const std::vector<int32_t>& members)
+    : ranges_(std::move(ranges)) {
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_CHECK(MPI_Comm_group(world, &world_group));
+  MPI_CHECK(MPI_Group_incl(world_group, int(members.size()), members.data(), &group));
+  MPI_CHECK(MPI_Comm_create_group(world, group, 0, &comm_));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
   MPI_CHECK(MPI_Comm_rank(comm_, &me_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
   // Pieces of whole checksum blocks of each tensor, so that no block is read by two ranks.
   std::vector<Piece> pieces;
   int64_t total = 0;
-  uint64_t signature = 1469598103934665603ull;  // FNV-1a over each range's tensor, begin and count
-  auto mix = [&](uint64_t v) { signature = (signature ^ v) * 1099511628211ull; };
+  Fnv1a64 described;  // each range's tensor, begin and count
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const SharedRange& r = ranges_[i];
-    for (unsigned char c : r.spec->name) mix(c);
-    mix(uint64_t(r.begin));
-    mix(uint64_t(r.count));
+    described.add_string(r.spec->name);
+    described.add_u64(uint64_t(r.begin));
+    described.add_u64(uint64_t(r.count));
     const int64_t block = int64_t(checksum_block_elements(uint64_t(r.spec->numel)));
     for (int64_t at = 0; at < r.count;) {
       const int64_t next_edge = (r.begin + at) / block * block + block;  // the next block boundary
@@ -36,6 +42,7 @@ ReplicaShare::ReplicaShare(std::vector<SharedRange> ranges, MPI_Comm comm) : ran
     total += r.count;
   }
   // The group reads together only if every rank described the same ranges.
+  const uint64_t signature = described.value();
   uint64_t mine[2] = {signature, ~signature}, all[2] = {0, 0};
   MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_UINT64_T, MPI_MAX, comm_));
   agreed_ = all[0] == signature && all[1] == ~signature;
@@ -47,6 +54,10 @@ ReplicaShare::ReplicaShare(std::vector<SharedRange> ranges, MPI_Comm comm) : ran
     parts_[size_t(r)].push_back(p);
     before += p.n;
   }
+}
+
+ReplicaShare::~ReplicaShare() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void ReplicaShare::expect(BlockCheckedReader& reader) const {

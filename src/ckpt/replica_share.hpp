@@ -24,9 +24,13 @@ struct SharedRange {
 
 class ReplicaShare {
  public:
-  // `ranges` are the same on every rank of `comm` (up to dst), in the same order. The ranges are cut into
-  // pieces of whole checksum blocks; rank r of n reads the r-th contiguous n-th of the pieces.
-  ReplicaShare(std::vector<SharedRange> ranges, MPI_Comm comm);
+  // The group of the world ranks `members` (collective over them; every member passes the same list), whose
+  // `ranges` are the same on every member (up to dst), in the same order. The ranges are cut into pieces of
+  // whole checksum blocks; member r of n reads the r-th contiguous n-th of the pieces.
+  ReplicaShare(std::vector<SharedRange> ranges, MPI_Comm world, const std::vector<int32_t>& members);
+  ~ReplicaShare();
+  ReplicaShare(const ReplicaShare&) = delete;
+  ReplicaShare& operator=(const ReplicaShare&) = delete;
   // Whether every rank of the group described the same ranges (collective over the group); when not, the
   // group reads as if unshared and this object does nothing.
   bool agreed() const { return agreed_; }
@@ -44,7 +48,7 @@ class ReplicaShare {
     int64_t at, n;  // elements [at, at + n) of the range
   };
   std::vector<SharedRange> ranges_;
-  MPI_Comm comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // the group's own communicator
   int me_ = 0, size_ = 1;
   bool agreed_ = false;
   std::vector<std::vector<Piece>> parts_;  // the pieces rank r reads, in file order
