@@ -46,10 +46,10 @@ void write_trace(const std::string& path, Executor& ex, const std::vector<TraceE
                "}},\n");
     if (in.op == Op::Send || in.op == Op::Recv) {
       const bool send = in.op == Op::Send;
-      const int sender = send ? rank : p.peer_rank(in.peer_set);
+      const int sender = send ? rank : p.peer_rank(in.message().peer_set);
       std::snprintf(buf, sizeof(buf), "\"ts\":%.3f,\"pid\":%d,\"tid\":%d", send ? ts : ts + dur, rank, int(in.stream));
       out += cat("{\"name\":\"message\",\"cat\":\"p2p\",\"ph\":\"", send ? "s" : "f", "\",", send ? "" : "\"bp\":\"e\",",
-                 "\"id\":", flow_id(e.step, sender, in.tag), ",", buf, "},\n");
+                 "\"id\":", flow_id(e.step, sender, in.message().tag), ",", buf, "},\n");
     }
   }
   Gathered<char> gathered = gather_to_root(std::vector<char>(out.begin(), out.end()), world);

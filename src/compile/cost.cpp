@@ -35,11 +35,13 @@ double CostModel::seconds(const Plan& p, const Instr& in, int group_size, double
   switch (op.kind) {
     case OpKind::Compute: {
       if (uniform) return op.flops_factor * share;
-      return p.segments[size_t(in.segment)].fwd_flops_per_sample * in.samples * op.flops_factor / flops;
+      const ComputeArgs& c = in.compute();
+      return p.segments[size_t(c.segment)].fwd_flops_per_sample * c.samples * op.flops_factor / flops;
     }
-    case OpKind::Update: return uniform ? 0.0 : double(in.count) * 4 * sizeof(float) / memory_bandwidth;
+    case OpKind::Update: return uniform ? 0.0 : double(in.update().count) * 4 * sizeof(float) / memory_bandwidth;
     case OpKind::StepSync: return uniform ? 0.0 : latency;
-    case OpKind::PointToPoint: return uniform ? 0.0 : latency + double(in.count) * sizeof(float) / p2p_bandwidth;
+    case OpKind::PointToPoint:
+      return uniform ? 0.0 : latency + double(in.message().count) * sizeof(float) / p2p_bandwidth;
     case OpKind::Collective:
     case OpKind::AllToAll:
       if (uniform || group_size <= 1) return 0.0;

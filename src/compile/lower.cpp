@@ -444,16 +444,28 @@ class Lowerer {
     return false;
   }
 
+  static Op compute_op(NodeKind kind) {
+    switch (kind) {
+      case NodeKind::F: return Op::Forward;
+      case NodeKind::B: return Op::Backward;
+      case NodeKind::BI: return Op::BackwardInput;
+      case NodeKind::BW: return Op::BackwardWeight;
+      default: PIPER_CHECK(false, "not a compute node");
+    }
+    return Op::Forward;
+  }
+
   void emit_compute(size_t op_index) {
     const SegOp& op = ops_[op_index];
     const Node& n = g_.nodes[size_t(op.node)];
     const Segment& seg = segs_[size_t(op.segment)];
     const int mb = n.mb < 0 ? 0 : n.mb;
-    Instr in;
-    in.node = n.id;
+    Instr instr(compute_op(n.kind));
+    instr.node = n.id;
+    instr.mb = mb;
+    instr.stream = uint8_t(stream_id("compute"));
+    ComputeArgs& in = instr.compute();
     in.segment = op.segment;
-    in.mb = mb;
-    in.stream = uint8_t(stream_id("compute"));
     in.samples = b_;
     in.sample_offset = mb * b_;
     in.loss_scale = float(1.0 / (double(g_.global_batch) * m_.dims.rows_per_sample));
@@ -468,16 +480,7 @@ class Lowerer {
       in.link = stash_buf(partner, mb);
     }
     if (input) in.in = exchanged(TensorRef::Kind::Act, op.segment) ? exchanged_buf('X', op.segment, mb) : act_buf(op.segment, mb);
-    switch (n.kind) {
-      case NodeKind::F:
-        in.op = Op::Forward;
-        if (!is_head(seg)) in.out = act_buf(op.segment + 1, mb);
-        break;
-      case NodeKind::B: in.op = Op::Backward; break;
-      case NodeKind::BI: in.op = Op::BackwardInput; break;
-      case NodeKind::BW: in.op = Op::BackwardWeight; break;
-      default: PIPER_CHECK(false, "not a compute node");
-    }
+    if (n.kind == NodeKind::F && !is_head(seg)) in.out = act_buf(op.segment + 1, mb);
     if (n.kind != NodeKind::F) {
       if (!is_head(seg))
         in.dout = exchanged(TensorRef::Kind::ActGrad, op.segment + 1) ? exchanged_buf('Y', op.segment + 1, mb)
@@ -498,60 +501,71 @@ class Lowerer {
         // At most one microbatch's full gradients per bucket: the next one is written only after the
         // previous one has been reduce-scattered.
         auto prev = last_reduce_scatter_.find(gb);
-        if (plan_bucket(gb).shard_grads && prev != last_reduce_scatter_.end()) wait_for_reduce_scatter(in, prev->second);
-        if (plan_bucket(gb).shard_grads && !plan_bucket(gb).owned_slices) limit_grad_buffers(in, gb, gbuf);
+        if (plan_bucket(gb).shard_grads && prev != last_reduce_scatter_.end()) wait_for_reduce_scatter(instr, prev->second);
+        if (plan_bucket(gb).shard_grads && !plan_bucket(gb).owned_slices) limit_grad_buffers(instr, gb, gbuf);
       } else {
         in.gbuf.push_back(-1);
         in.overwrite.push_back(0);
       }
     }
     last_compute_ = int32_t(p_.instrs.size());
-    p_.instrs.push_back(std::move(in));
+    p_.instrs.push_back(std::move(instr));
   }
 
   // ---------------------------------------------------------------- everything else
+  static Op comm_op(const Node& n) {
+    switch (n.kind) {
+      case NodeKind::SEND: return Op::Send;
+      case NodeKind::RECV: return Op::Recv;
+      case NodeKind::ALL_REDUCE: return n.purpose == CommPurpose::StepSync ? Op::StepSync : Op::AllReduce;
+      case NodeKind::REDUCE_SCATTER: return Op::ReduceScatter;
+      case NodeKind::ALL_TO_ALL: return Op::AllToAll;
+      case NodeKind::ALL_GATHER: return Op::AllGather;
+      default: PIPER_CHECK(false, "cannot lower ", n.label());
+    }
+    return Op::Send;
+  }
+
   void emit_node(const Node& n, int32_t after = -1) {
-    Instr in;
+    if (n.kind == NodeKind::UPDATE) return emit_updates(n);
+    Instr in(comm_op(n));
     in.node = n.id;
     if (after >= 0) in.waits.push_back(after);  // pacing: not before this instruction is done
     in.mb = n.mb;
     in.stream = uint8_t(stream_id(n.stream));
-    switch (n.kind) {
-      case NodeKind::UPDATE: return emit_updates(n);
-      case NodeKind::SEND:
-      case NodeKind::RECV: {
-        in.op = n.kind == NodeKind::SEND ? Op::Send : Op::Recv;
-        in.peer_set = n.peer_set;
-        in.tag = n.kind == NodeKind::SEND ? n.id : n.pair;
-        in.buf = n.tensor.kind == TensorRef::Kind::Act ? act_buf(n.tensor.index, n.mb) : act_grad_buf(n.tensor.index, n.mb);
-        in.count = act_elems(n.tensor.index);
+    switch (in.op) {
+      case Op::Send:
+      case Op::Recv: {
+        MessageArgs& m = in.message();
+        m.peer_set = n.peer_set;
+        m.tag = n.kind == NodeKind::SEND ? n.id : n.pair;
+        m.buf = n.tensor.kind == TensorRef::Kind::Act ? act_buf(n.tensor.index, n.mb) : act_grad_buf(n.tensor.index, n.mb);
+        m.count = act_elems(n.tensor.index);
         break;
       }
-      case NodeKind::ALL_REDUCE:
-        if (n.purpose == CommPurpose::StepSync) return emit_step_sync(n, in);
+      case Op::StepSync: return emit_step_sync(in);
+      case Op::AllReduce:
         if (n.purpose == CommPurpose::TiedGradient) return emit_tie(n, in);
-        emit_all_reduce(n, in);
+        emit_all_reduce(n, in.collective());
         break;
-      case NodeKind::REDUCE_SCATTER: emit_reduce_scatter(n, in); break;
-      case NodeKind::ALL_TO_ALL: emit_all_to_all(n, in); break;
-      case NodeKind::ALL_GATHER: emit_all_gather(n, in); break;
+      case Op::ReduceScatter: emit_reduce_scatter(n, in.collective()); break;
+      case Op::AllToAll: emit_all_to_all(n, in.all_to_all()); break;
+      case Op::AllGather: emit_all_gather(n, in.collective()); break;
       default: PIPER_CHECK(false, "cannot lower ", n.label());
     }
     p_.instrs.push_back(std::move(in));
   }
 
-  void emit_all_reduce(const Node& n, Instr& in) {
+  void emit_all_reduce(const Node& n, CollectiveArgs& in) {
     const PlanBucket& pb = plan_bucket(n.bucket);
-    in.op = Op::AllReduce;
     in.bucket = bucket_index_.at(n.bucket);
     in.group = pb.group;
     in.buf = pb.grad_buf;
     in.count = pb.padded;
   }
 
-  void emit_reduce_scatter(const Node& n, Instr& in) {
+  void emit_reduce_scatter(const Node& n, CollectiveArgs& in) {
     const PlanBucket& pb = plan_bucket(n.bucket);
-    in.op = Op::ReduceScatter;
     in.bucket = bucket_index_.at(n.bucket);
     in.group = pb.group;
     in.count = shard_count(pb);
@@ -574,10 +588,9 @@ class Lowerer {
   }
 
   // The routed rows of a boundary, from what its producer wrote to what its consumer reads.
-  void emit_all_to_all(const Node& n, Instr& in) {
+  void emit_all_to_all(const Node& n, AllToAllArgs& in) {
     const int boundary = n.tensor.index;
     const bool forward = n.tensor.kind == TensorRef::Kind::Act;
-    in.op = Op::AllToAll;
     in.group = group_id({GroupRef::Kind::DeviceSet, {set_}, n.stream});
     in.src = forward ? act_buf(boundary, n.mb) : act_grad_buf(boundary, n.mb);
     in.buf = exchanged_buf(forward ? 'X' : 'Y', boundary, n.mb);
@@ -590,9 +603,8 @@ class Lowerer {
     in.rows = int64_t((z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width))) / n_;
   }
 
-  void emit_all_gather(const Node& n, Instr& in) {
+  void emit_all_gather(const Node& n, CollectiveArgs& in) {
     const PlanBucket& pb = plan_bucket(n.bucket);
-    in.op = Op::AllGather;
     in.bucket = bucket_index_.at(n.bucket);
     in.count = shard_count(pb);
     if (pb.shard_params) {
@@ -613,26 +625,25 @@ class Lowerer {
     return Span{pb.grad_buf, 0, shard_count(pb), true};
   }
 
-  void emit_tie(const Node& n, Instr& in) {
+  void emit_tie(const Node& n, Instr& instr) {
     int local = -1;
     for (size_t i = 0; i < n.tie_sets.size(); ++i)
       if (n.tie_sets[i] == set_) local = n.tie_buckets[i];
     const PlanBucket& pb = plan_bucket(local);
     Span s = owned_grads(pb);
     if (pb.zero == 0) s = Span{pb.grad_buf, 0, pb.padded, false};  // all-reduced: every replica has all of it
-    in.op = Op::AllReduce;
+    CollectiveArgs& in = instr.collective();
     in.bucket = bucket_index_.at(local);
     in.group = group_id({GroupRef::Kind::AcrossSets, std::vector<int32_t>(n.tie_sets.begin(), n.tie_sets.end()), n.stream});
     in.buf = s.buf;
     in.count = s.count;
     if (s.per_replica) in.flags |= kFlagBufShard;
-    p_.instrs.push_back(std::move(in));
+    p_.instrs.push_back(std::move(instr));
   }
 
-  void emit_step_sync(const Node& n, Instr& in) {
-    (void)n;
-    in.op = Op::StepSync;
-    in.stream = uint8_t(stream_id("compute"));
+  void emit_step_sync(Instr& instr) {
+    instr.stream = uint8_t(stream_id("compute"));
+    StepSyncArgs& in = instr.step_sync();
     in.group = group_id({GroupRef::Kind::World, {}, "compute"});
     for (const auto& pb : p_.buckets) {
       if (pb.tied_copy) continue;
@@ -640,17 +651,17 @@ class Lowerer {
       if (pb.zero == 0) s = Span{pb.grad_buf, 0, shard_count(pb), true};  // count each slice on one replica
       in.spans.push_back(s);
     }
-    p_.instrs.push_back(std::move(in));
+    p_.instrs.push_back(std::move(instr));
   }
 
   void emit_updates(const Node& n) {
     for (size_t i = 0; i < p_.buckets.size(); ++i) {
       const PlanBucket& pb = p_.buckets[i];
       if (pb.region != n.region) continue;
-      Instr in;
-      in.node = n.id;
-      in.op = Op::Update;
-      in.stream = uint8_t(stream_id("compute"));
+      Instr instr(Op::Update);
+      instr.node = n.id;
+      instr.stream = uint8_t(stream_id("compute"));
+      UpdateArgs& in = instr.update();
       in.bucket = int(i);
       in.m = pb.m_buf;
       in.v = pb.v_buf;
@@ -666,7 +677,7 @@ class Lowerer {
         if (pb.shard_grads) in.src = pb.grad_shard_buf;
         else { in.src = pb.grad_buf; in.flags |= kFlagSrcShard; }
       }
-      p_.instrs.push_back(std::move(in));
+      p_.instrs.push_back(std::move(instr));
     }
   }
 };

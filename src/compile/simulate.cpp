@@ -23,6 +23,14 @@ std::string where(const std::vector<Plan>& b, int set) {
   return ranks.size() == 1 ? cat("rank ", ranks[0]) : cat("rank ", ranks[0], " (and its ", ranks.size() - 1, " replicas)");
 }
 
+// What the members of a group must agree on for one collective: the floats of each one's part (reductions
+// and gathers), or the row width (exchanges).
+int64_t collective_shape(const Instr& in) {
+  if (auto* c = std::get_if<CollectiveArgs>(&in.args)) return c->count;
+  if (auto* a = std::get_if<AllToAllArgs>(&in.args)) return a->row_width;
+  return 0;
+}
+
 std::string describe(const std::vector<Plan>& b, Ref r) {
   const Plan& p = b[size_t(r.set)];
   return cat(where(b, r.set), " instruction ", r.instr, " '", instr_label(p, p.instrs[size_t(r.instr)]), "'");
@@ -78,8 +86,8 @@ class Simulator {
       for (size_t i = 0; i < b_[s].instrs.size(); ++i) {
         const Instr& in = b_[s].instrs[i];
         const std::string& stream = b_[s].streams[in.stream];
-        if (in.op == Op::Send) sends[{int(s), in.peer_set, stream}].push_back({int(s), int32_t(i)});
-        if (in.op == Op::Recv) recvs[{in.peer_set, int(s), stream}].push_back({int(s), int32_t(i)});
+        if (in.op == Op::Send) sends[{int(s), in.message().peer_set, stream}].push_back({int(s), int32_t(i)});
+        if (in.op == Op::Recv) recvs[{in.message().peer_set, int(s), stream}].push_back({int(s), int32_t(i)});
       }
     std::map<Channel, bool> channels;
     for (const auto& [k, v] : sends) channels[k] = true;
@@ -95,8 +103,8 @@ class Simulator {
                               ", ", describe(b_, extra), " has no counterpart (", ss.size(), " sends, ", rr.size(),
                               " receives)"));
         }
-        const Instr& si = b_[size_t(ss[k].set)].instrs[size_t(ss[k].instr)];
-        const Instr& ri = b_[size_t(rr[k].set)].instrs[size_t(rr[k].instr)];
+        const MessageArgs& si = b_[size_t(ss[k].set)].instrs[size_t(ss[k].instr)].message();
+        const MessageArgs& ri = b_[size_t(rr[k].set)].instrs[size_t(rr[k].instr)].message();
         if (si.tag != ri.tag || si.count != ri.count)
           throw UserError(cat("plans would deadlock: on the channel ", where(b_, std::get<0>(ch)), " -> ",
                               where(b_, std::get<1>(ch)), " (", std::get<2>(ch), ") message ", k + 1, " is ",
@@ -122,7 +130,7 @@ class Simulator {
         const OpKind kind = op_info(in.op).kind;
         const bool collective = kind == OpKind::Collective || kind == OpKind::StepSync;
         if (!collective) continue;
-        const GroupRef& g = b_[s].groups[size_t(in.group)];
+        const GroupRef& g = b_[s].groups[size_t(in.group())];
         if (g.kind == GroupRef::Kind::DeviceSet) continue;
         seq[g][int(s)].push_back({int(s), int32_t(i)});
       }
@@ -149,7 +157,7 @@ class Simulator {
           }
           const Instr& a = b_[size_t(first.set)].instrs[size_t(first.instr)];
           const Instr& c = b_[size_t(r.set)].instrs[size_t(r.instr)];
-          if (a.op != c.op || a.count != c.count || a.row_width != c.row_width)
+          if (a.op != c.op || collective_shape(a) != collective_shape(c))
             throw UserError(cat("plans would deadlock: the members of group ", g.str(),
                                 " issue collectives in different orders: collective ", k + 1, " is ",
                                 describe(b_, first), " but ", describe(b_, r)));
@@ -187,13 +195,13 @@ class Simulator {
       // a region's pass (one IR node) spread over its segment instructions by their FLOPs
       std::map<int32_t, double> node_flops;
       for (const auto& in : p.instrs)
-        if (op_is_compute(in.op)) node_flops[in.node] += p.segments[size_t(in.segment)].fwd_flops_per_sample;
+        if (op_is_compute(in.op)) node_flops[in.node] += p.segments[size_t(in.compute().segment)].fwd_flops_per_sample;
       for (size_t i = 0; i < p.instrs.size(); ++i) {
         const Instr& in = p.instrs[i];
-        int group_size = in.group >= 0 ? int(p.group_ranks(p.groups[size_t(in.group)]).size()) : 1;
+        int group_size = in.group() >= 0 ? int(p.group_ranks(p.groups[size_t(in.group())]).size()) : 1;
         double share = 1.0;
         if (op_is_compute(in.op) && node_flops[in.node] > 0)
-          share = p.segments[size_t(in.segment)].fwd_flops_per_sample / node_flops[in.node];
+          share = p.segments[size_t(in.compute().segment)].fwd_flops_per_sample / node_flops[in.node];
         duration_[id({int(s), int32_t(i)})] = cost_.seconds(p, in, group_size, share);
       }
     }

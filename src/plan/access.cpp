@@ -12,21 +12,9 @@ namespace {
 // Calls fn(buffer) for every buffer of `in` in the roles `roles` (Operand bits).
 template <typename Fn>
 void for_operands(const Instr& in, uint32_t roles, Fn&& fn) {
-  const std::pair<uint32_t, int32_t> single[] = {
-      {kOperandIn, in.in},   {kOperandOut, in.out}, {kOperandStash, in.stash}, {kOperandWStash, in.wstash},
-      {kOperandDout, in.dout}, {kOperandDin, in.din}, {kOperandLink, in.link},   {kOperandBuf, in.buf},
-      {kOperandSrc, in.src}, {kOperandTmp, in.tmp}, {kOperandM, in.m},         {kOperandV, in.v}};
-  for (const auto& [role, b] : single)
+  in.operands([&](uint32_t role, int32_t b) {
     if ((roles & role) && b >= 0) fn(b);
-  if (roles & kOperandParams)
-    for (int32_t b : in.pbuf)
-      if (b >= 0) fn(b);
-  if (roles & kOperandGrads)
-    for (int32_t b : in.gbuf)
-      if (b >= 0) fn(b);
-  if (roles & kOperandSpans)
-    for (const Span& s : in.spans)
-      if (s.buf >= 0) fn(s.buf);
+  });
 }
 
 void sort_unique(std::vector<int32_t>& v) {
@@ -50,10 +38,13 @@ double instr_send_bytes(const Instr& in, int n) {
   const double elem = sizeof(float);
   switch (op_info(in.op).send) {
     case SendRule::None: return 0;
-    case SendRule::Message: return double(in.count) * elem;
-    case SendRule::RingAllReduce: return n > 1 ? 2.0 * (n - 1) / n * double(in.count) * elem : 0;
-    case SendRule::PerRankCount: return double(n - 1) * double(in.count) * elem;
-    case SendRule::RowsBound: return n > 1 ? double(n - 1) / n * double(in.rows) * double(in.row_width) * elem : 0;
+    case SendRule::Message: return double(in.message().count) * elem;
+    case SendRule::RingAllReduce: return n > 1 ? 2.0 * (n - 1) / n * double(in.collective().count) * elem : 0;
+    case SendRule::PerRankCount: return double(n - 1) * double(in.collective().count) * elem;
+    case SendRule::RowsBound: {
+      const AllToAllArgs& a = in.all_to_all();
+      return n > 1 ? double(n - 1) / n * double(a.rows) * double(a.row_width) * elem : 0;
+    }
   }
   return 0;
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <type_traits>
+#include <variant>
 
 #include "model/family.hpp"
 #include "model/segment_type.hpp"
@@ -247,13 +249,14 @@ class PlanCheck {
     if (r < replicas_) floats(b, pp.offset - r * shard, numel, false, role);
   }
 
-  void compute(const Instr& in) {
+  void compute(const Instr& instr, const ComputeArgs& in) {
+    const Op op = instr.op;
     index(in.segment, p_.segments.size(), "segment");
     const Segment& seg = p_.segments[size_t(in.segment)];
     const SegmentType& type = *seg.type;
-    const bool fwd = in.op == Op::Forward, bwd_input = in.op == Op::Backward || in.op == Op::BackwardInput;
-    const bool bwd_weight = in.op == Op::BackwardWeight;
-    const bool writes_grads = in.op == Op::Backward || bwd_weight;
+    const bool fwd = op == Op::Forward, bwd_input = op == Op::Backward || op == Op::BackwardInput;
+    const bool bwd_weight = op == Op::BackwardWeight;
+    const bool writes_grads = op == Op::Backward || bwd_weight;
     require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
             "samples ", in.sample_offset, "+", in.samples, " outside the replica's ", p_.samples_per_replica);
     require(std::isfinite(in.loss_scale), "loss scale is not finite");
@@ -290,7 +293,7 @@ class PlanCheck {
     if (fwd && !type.computes_loss) bytes(in.out, z.out_bytes, "output");
     if (!fwd && !type.computes_loss) bytes(in.dout, z.out_bytes, "output gradient");
     if (bwd_input && type.reads_input) bytes(in.din, z.input_bytes, "input gradient");
-    if (in.op == Op::BackwardInput || bwd_weight) bytes(in.wstash, z.wstash_bytes, "weight stash");
+    if (op == Op::BackwardInput || bwd_weight) bytes(in.wstash, z.wstash_bytes, "weight stash");
     if (type.link_offset != 0) {
       const int64_t partner = int64_t(in.segment) + type.link_offset;
       index(partner, p_.segments.size(), "linked segment");
@@ -300,11 +303,10 @@ class PlanCheck {
     if (type.scratch_floats) require(p_.scratch_buf >= 0, "a segment that needs the scratch, and no scratch buffer");
   }
 
-  // The collective's group and its size; a reduction or gather also moves at most 2^31 floats at once.
-  void collective_group(const Instr& in, int64_t& size) const {
-    index(in.group, p_.groups.size(), "group");
-    size = group_size(p_.groups[size_t(in.group)]);
-    if (in.op != Op::AllToAll) require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
+  // The collective's group and its size.
+  int64_t collective_group(int32_t group) const {
+    index(group, p_.groups.size(), "group");
+    return group_size(p_.groups[size_t(group)]);
   }
 
   // -1 (none) or an index into a table of n.
@@ -312,70 +314,75 @@ class PlanCheck {
     if (i != -1) index(i, n, what);
   }
 
+  void update(const UpdateArgs& in) {
+    index(in.bucket, p_.buckets.size(), "bucket");
+    require(in.offset >= 0 && in.src_offset >= 0 && in.count >= 0, "negative offset or count");
+    floats(in.buf, in.offset, in.count, in.flags & kFlagBufShard, "parameter");
+    floats(in.src, in.src_offset, in.count, in.flags & kFlagSrcShard, "gradient");
+    floats(in.m, 0, in.count, false, "first moment");
+    floats(in.v, 0, in.count, false, "second moment");
+  }
+
+  void message(const MessageArgs& in) {
+    index(in.peer_set, p_.sets.size(), "peer device set");
+    require(int64_t(p_.sets[size_t(in.peer_set)].size()) == replicas_, "a peer set of another size");
+    require(in.tag >= 0, "negative tag");
+    require(in.offset >= 0 && in.count >= 0, "negative offset or count");
+    require(in.count <= INT32_MAX, "more than 2^31 floats in one message");
+    floats(in.buf, in.offset, in.count, false, "message");
+  }
+
+  // A reduction or gather moves at most 2^31 floats at once.
+  void collective(Op op, const CollectiveArgs& in) {
+    optional(in.bucket, p_.buckets.size(), "bucket");
+    const int64_t g = collective_group(in.group);
+    require(in.offset >= 0 && in.src_offset >= 0 && in.count >= 0, "negative offset or count");
+    require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
+    const bool buf_shard = in.flags & kFlagBufShard, src_shard = in.flags & kFlagSrcShard;
+    if (op == Op::AllReduce) {
+      floats(in.buf, in.offset, in.count, buf_shard, "reduced");
+    } else if (op == Op::ReduceScatter) {
+      floats(in.src, in.src_offset, in.count * g, false, "reduce-scatter source");
+      if (in.tmp >= 0) floats(in.tmp, 0, in.count, false, "reduce-scatter scratch");
+      floats(in.buf, in.offset, in.count, buf_shard, "reduce-scatter destination");
+    } else {
+      floats(in.buf, in.offset, in.count * g, false, "gathered");
+      if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source");
+    }
+  }
+
+  void all_to_all(const AllToAllArgs& in) {
+    const int64_t g = collective_group(in.group);
+    require(in.parts >= g && in.parts % g == 0, in.parts, " parts over a group of ", g);
+    require(in.row_width >= 1 && in.rows >= 0, "row width or rows out of range");
+    bytes(in.src, uint64_t(in.parts) * 4, "exchange source");
+    bytes(in.buf, uint64_t(in.parts) * 4, "exchange destination");
+  }
+
+  void step_sync(const StepSyncArgs& in) {
+    optional(in.group, p_.groups.size(), "group");
+    for (const Span& s : in.spans) floats(s.buf, s.offset, s.count, s.per_replica, "gradient norm");
+  }
+
   void instruction(size_t i) {
     const Instr& in = p_.instrs[i];
     require(size_t(in.op) < kOpCount, "unknown op ", int(in.op));
+    require(in.args.index() == size_t(op_info(in.op).kind), "a payload of another kind than its op");
     index(in.stream, p_.streams.size(), "stream");
-    // Every index field is none or in range, whatever the op reads (printers and traces read them all).
-    optional(in.segment, p_.segments.size(), "segment");
-    optional(in.bucket, p_.buckets.size(), "bucket");
-    optional(in.group, p_.groups.size(), "group");
-    optional(in.peer_set, p_.sets.size(), "peer device set");
-    for (int32_t b : {in.in, in.out, in.stash, in.wstash, in.dout, in.din, in.link, in.buf, in.src, in.tmp, in.m, in.v})
-      optional(b, p_.buffers.size(), "buffer");
-    for (const auto* list : {&in.pbuf, &in.gbuf})
-      for (int32_t b : *list) optional(b, p_.buffers.size(), "buffer");
+    // Every buffer the payload names is none or in range, whatever the op reads (printers and traces read them all).
+    in.operands([&](uint32_t, int32_t b) { optional(b, p_.buffers.size(), "buffer"); });
     for (int32_t j : in.waits) require(j >= 0 && size_t(j) < i, "waits for instruction ", j, ", not an earlier one");
-    require(in.offset >= 0 && in.src_offset >= 0 && in.count >= 0, "negative offset or count");
-    const bool buf_shard = in.flags & kFlagBufShard, src_shard = in.flags & kFlagSrcShard;
-    int64_t g = 1;
-    switch (in.op) {
-      case Op::Forward:
-      case Op::Backward:
-      case Op::BackwardInput:
-      case Op::BackwardWeight: compute(in); break;
-      case Op::Update:
-        index(in.bucket, p_.buckets.size(), "bucket");
-        floats(in.buf, in.offset, in.count, buf_shard, "parameter");
-        floats(in.src, in.src_offset, in.count, src_shard, "gradient");
-        floats(in.m, 0, in.count, false, "first moment");
-        floats(in.v, 0, in.count, false, "second moment");
-        break;
-      case Op::Send:
-      case Op::Recv:
-        index(in.peer_set, p_.sets.size(), "peer device set");
-        require(int64_t(p_.sets[size_t(in.peer_set)].size()) == replicas_, "a peer set of another size");
-        require(in.tag >= 0, "negative tag");
-        require(in.count <= INT32_MAX, "more than 2^31 floats in one message");
-        floats(in.buf, in.offset, in.count, false, "message");
-        break;
-      case Op::AllReduce:
-        collective_group(in, g);
-        floats(in.buf, in.offset, in.count, buf_shard, "reduced");
-        break;
-      case Op::ReduceScatter:
-        collective_group(in, g);
-        floats(in.src, in.src_offset, in.count * g, false, "reduce-scatter source");
-        if (in.tmp >= 0) floats(in.tmp, 0, in.count, false, "reduce-scatter scratch");
-        floats(in.buf, in.offset, in.count, buf_shard, "reduce-scatter destination");
-        break;
-      case Op::AllGather:
-        collective_group(in, g);
-        floats(in.buf, in.offset, in.count * g, false, "gathered");
-        if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source");
-        break;
-      case Op::AllToAll:
-        collective_group(in, g);
-        require(in.parts >= g && in.parts % g == 0, in.parts, " parts over a group of ", g);
-        require(in.row_width >= 1 && in.rows >= 0 && in.count == 0, "row width or rows out of range");
-        bytes(in.src, uint64_t(in.parts) * 4, "exchange source");
-        bytes(in.buf, uint64_t(in.parts) * 4, "exchange destination");
-        break;
-      case Op::StepSync:
-        for (const Span& s : in.spans) floats(s.buf, s.offset, s.count, s.per_replica, "gradient norm");
-        break;
-      default: require(false, "unknown op ", int(in.op));
-    }
+    std::visit(
+        [&](const auto& a) {
+          using A = std::decay_t<decltype(a)>;
+          if constexpr (std::is_same_v<A, ComputeArgs>) compute(in, a);
+          else if constexpr (std::is_same_v<A, UpdateArgs>) update(a);
+          else if constexpr (std::is_same_v<A, MessageArgs>) message(a);
+          else if constexpr (std::is_same_v<A, CollectiveArgs>) collective(in.op, a);
+          else if constexpr (std::is_same_v<A, AllToAllArgs>) all_to_all(a);
+          else step_sync(a);
+        },
+        in.args);
   }
 
   void instructions() {

@@ -1,5 +1,6 @@
 // The instruction set in one table: every op's name, kind, label, whether it is posted and completed later,
-// the operands it reads and writes, the bytes it sends and its cost class. A new op is one row here.
+// the operands it reads and writes, the bytes it sends and its cost class. A new op is one row here, an
+// executor handler, and a payload in instr.hpp when its kind is new (an OpKind is a payload type).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,7 @@ enum class OpKind : uint8_t {
   AllToAll,      // counted rows exchanged inside a group
   StepSync,      // the step's scalar sums over every rank
 };
+constexpr size_t kOpKindCount = 6;
 
 // The operand roles of an instruction (fields of Instr), as bits of OpInfo::reads and OpInfo::writes.
 enum Operand : uint32_t {

@@ -50,23 +50,119 @@ std::vector<int32_t> Plan::group_ranks(const GroupRef& g) const {
   return out;
 }
 
+void Instr::set_op(Op o) {
+  op = o;
+  switch (op_info(o).kind) {
+    case OpKind::Compute: args = ComputeArgs{}; break;
+    case OpKind::Update: args = UpdateArgs{}; break;
+    case OpKind::PointToPoint: args = MessageArgs{}; break;
+    case OpKind::Collective: args = CollectiveArgs{}; break;
+    case OpKind::AllToAll: args = AllToAllArgs{}; break;
+    case OpKind::StepSync: args = StepSyncArgs{}; break;
+  }
+}
+
+int32_t Instr::group() const {
+  if (auto* c = std::get_if<CollectiveArgs>(&args)) return c->group;
+  if (auto* a = std::get_if<AllToAllArgs>(&args)) return a->group;
+  if (auto* s = std::get_if<StepSyncArgs>(&args)) return s->group;
+  return -1;
+}
+
+int32_t Instr::bucket() const {
+  if (auto* c = std::get_if<CollectiveArgs>(&args)) return c->bucket;
+  if (auto* u = std::get_if<UpdateArgs>(&args)) return u->bucket;
+  return -1;
+}
+
 std::string instr_label(const Plan& p, const Instr& in) {
   const OpInfo& op = op_info(in.op);
   auto buffer = [&](int32_t b) { return b >= 0 ? p.buffers[size_t(b)].name : std::string("?"); };
   switch (op.kind) {
-    case OpKind::Compute:
-      return cat(op.label, " ", in.segment >= 0 ? p.segments[size_t(in.segment)].name : std::string(), " mb", in.mb);
-    case OpKind::Update: return cat(op.label, " bucket", in.bucket);
+    case OpKind::Compute: {
+      const int32_t seg = in.compute().segment;
+      return cat(op.label, " ", seg >= 0 ? p.segments[size_t(seg)].name : std::string(), " mb", in.mb);
+    }
+    case OpKind::Update: return cat(op.label, " bucket", in.update().bucket);
     case OpKind::StepSync: return op.label;
-    case OpKind::PointToPoint:
-      return cat(op.label, " ", buffer(in.buf), in.op == Op::Send ? " -> rank " : " <- rank ", p.peer_rank(in.peer_set));
-    case OpKind::Collective:
-      if (in.op == Op::AllReduce) return cat(op.label, " bucket", in.bucket, " ", p.groups[size_t(in.group)].str());
-      return cat(op.label, " bucket", in.bucket, in.op == Op::ReduceScatter && in.mb >= 0 ? cat(" mb", in.mb) : "");
-    case OpKind::AllToAll: return cat(op.label, " ", buffer(in.src), " -> ", buffer(in.buf));
+    case OpKind::PointToPoint: {
+      const MessageArgs& m = in.message();
+      return cat(op.label, " ", buffer(m.buf), in.op == Op::Send ? " -> rank " : " <- rank ", p.peer_rank(m.peer_set));
+    }
+    case OpKind::Collective: {
+      const CollectiveArgs& c = in.collective();
+      if (in.op == Op::AllReduce) return cat(op.label, " bucket", c.bucket, " ", p.groups[size_t(c.group)].str());
+      return cat(op.label, " bucket", c.bucket, in.op == Op::ReduceScatter && in.mb >= 0 ? cat(" mb", in.mb) : "");
+    }
+    case OpKind::AllToAll: return cat(op.label, " ", buffer(in.all_to_all().src), " -> ", buffer(in.all_to_all().buf));
   }
   return "?";
 }
+
+namespace {
+
+// One instruction's line of the text dump after its stream and op name: every field its payload has, in
+// one order for every kind (segment, mb, bucket, group, peer, buffers, counts, flags, overwrite, waits).
+struct InstrText {
+  std::ostream& os;
+  const Plan& p;
+  const Instr& in;
+  void buf(const char* role, int32_t id) {
+    if (id >= 0) os << " " << role << "=%" << id;
+  }
+  void head(int32_t segment, int32_t bucket, int32_t group) {
+    if (segment >= 0) os << " " << p.segments[size_t(segment)].name;
+    if (in.mb >= 0) os << " mb" << in.mb;
+    if (bucket >= 0) os << " bucket" << bucket;
+    if (group >= 0) os << " group" << group;
+  }
+  void count_and_flags(int64_t count, uint8_t flags) {
+    if (count) os << " count=" << count;
+    if (flags) os << " flags=" << int(flags);
+  }
+  void operator()(const ComputeArgs& a) {
+    head(a.segment, -1, -1);
+    buf("in", a.in);
+    buf("out", a.out);
+    buf("stash", a.stash);
+    buf("wstash", a.wstash);
+    buf("dout", a.dout);
+    buf("din", a.din);
+    buf("link", a.link);
+    if (std::find(a.overwrite.begin(), a.overwrite.end(), 1) != a.overwrite.end()) {
+      os << " overwrite=";
+      for (uint8_t o : a.overwrite) os << int(o);
+    }
+  }
+  void operator()(const UpdateArgs& a) {
+    head(-1, a.bucket, -1);
+    buf("buf", a.buf);
+    buf("src", a.src);
+    count_and_flags(a.count, a.flags);
+  }
+  void operator()(const MessageArgs& a) {
+    head(-1, -1, -1);
+    if (a.peer_set >= 0) os << " peer=set" << a.peer_set << " tag=" << a.tag;
+    buf("buf", a.buf);
+    count_and_flags(a.count, 0);
+  }
+  void operator()(const CollectiveArgs& a) {
+    head(-1, a.bucket, a.group);
+    buf("buf", a.buf);
+    buf("src", a.src);
+    buf("tmp", a.tmp);
+    count_and_flags(a.count, a.flags);
+  }
+  void operator()(const AllToAllArgs& a) {
+    head(-1, -1, a.group);
+    buf("buf", a.buf);
+    buf("src", a.src);
+    if (a.parts) os << " parts=" << a.parts << " width=" << a.row_width << " rows<=" << a.rows;
+  }
+  void operator()(const StepSyncArgs& a) { head(-1, -1, a.group); }
+};
+
+}  // namespace
 
 std::string plan_to_text(const Plan& p) {
   std::ostringstream os;
@@ -98,34 +194,10 @@ std::string plan_to_text(const Plan& p) {
        << (b.persistent ? " persistent" : cat(" uses=", b.uses)) << "\n";
   }
   os << "instructions:\n";
-  auto buf = [&](const char* role, int32_t id) {
-    if (id >= 0) os << " " << role << "=%" << id;
-  };
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const Instr& in = p.instrs[i];
     os << "  " << i << " [" << p.streams[in.stream] << "] " << op_name(in.op);
-    if (in.segment >= 0) os << " " << p.segments[size_t(in.segment)].name;
-    if (in.mb >= 0) os << " mb" << in.mb;
-    if (in.bucket >= 0) os << " bucket" << in.bucket;
-    if (in.group >= 0) os << " group" << in.group;
-    if (in.peer_set >= 0) os << " peer=set" << in.peer_set << " tag=" << in.tag;
-    buf("in", in.in);
-    buf("out", in.out);
-    buf("stash", in.stash);
-    buf("wstash", in.wstash);
-    buf("dout", in.dout);
-    buf("din", in.din);
-    buf("link", in.link);
-    buf("buf", in.buf);
-    buf("src", in.src);
-    buf("tmp", in.tmp);
-    if (in.count) os << " count=" << in.count;
-    if (in.parts) os << " parts=" << in.parts << " width=" << in.row_width << " rows<=" << in.rows;
-    if (in.flags) os << " flags=" << int(in.flags);
-    if (std::find(in.overwrite.begin(), in.overwrite.end(), 1) != in.overwrite.end()) {
-      os << " overwrite=";
-      for (uint8_t o : in.overwrite) os << int(o);
-    }
+    std::visit(InstrText{os, p, in}, in.args);
     if (!in.waits.empty()) {
       os << " waits=";
       for (size_t j = 0; j < in.waits.size(); ++j) os << (j ? "," : "") << in.waits[j];

@@ -8,12 +8,12 @@
 
 #include "data/data.hpp"
 #include "model/model.hpp"
-#include "plan/op_table.hpp"
+#include "plan/instr.hpp"
 #include "util/optimizer_config.hpp"
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 6;
+constexpr uint32_t kPlanVersion = 7;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -65,48 +65,6 @@ struct PlanBucket {
   bool owned_slices = false;  // sharded without gathers or reductions: each rank computes only with its slice
   uint8_t padding1_[7] = {};
 };
-
-// A range of a buffer; with per_replica set the offset moves by replica × count on each rank.
-struct Span {
-  int32_t buf = -1;
-  int64_t offset = 0;
-  int64_t count = 0;
-  bool per_replica = false;
-};
-
-struct Instr {
-  Op op = Op::Forward;
-  uint8_t stream = 0;
-  uint8_t flags = 0;        // see kFlag*
-  int32_t node = -1;        // IR node, for traces and messages
-  int32_t segment = -1;     // compute: model segment
-  int32_t mb = -1;
-  int32_t bucket = -1;      // update and bucket collectives
-  int32_t group = -1;       // collectives: index into Plan::groups
-  int32_t peer_set = -1;    // send/recv: the other device set (same replica index)
-  int32_t tag = 0;          // send/recv: message tag (the IR id of the SEND)
-  // compute buffers (ids or -1)
-  int32_t in = -1, out = -1, stash = -1, wstash = -1, dout = -1, din = -1;
-  int32_t link = -1;        // compute: the stash of the segment this one's type links to (read and written)
-  std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
-  std::vector<uint8_t> overwrite;  // [i] != 0: gradient of segment param i is written, not accumulated
-  int32_t sample_offset = 0;  // first sample of the microbatch within this replica's slice
-  int32_t samples = 0;
-  float loss_scale = 0;
-  // communication and update: destination `buf`, source `src` (-1: in place), scratch `tmp`
-  int32_t buf = -1, src = -1, tmp = -1, m = -1, v = -1;
-  int64_t offset = 0, src_offset = 0, count = 0;  // elements; count is per rank for RS/AG
-  // all-to-all: counted rows of `row_width` floats, in `parts` parts (part p goes to rank p / (parts / n))
-  int32_t parts = 0;
-  int32_t row_width = 0;
-  int64_t rows = 0;         // rows this rank sends at most (for the cost model)
-  std::vector<Span> spans;  // step sync: gradient ranges this rank counts in the norm
-  std::vector<int32_t> waits;  // instructions (on other streams) that must be complete first
-};
-constexpr uint8_t kFlagAccumulate = 1;   // reduce-scatter: add into buf instead of writing
-constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
-constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
-constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
 
 // Predicted per-kind peak bytes (compiler) for printing next to the runtime's measurement.
 struct MemoryEstimate {

@@ -13,10 +13,11 @@ namespace piper {
 namespace {
 
 constexpr uint32_t kMagic = 0x50495052;  // "PIPR"
-// Bytes of an instruction with empty lists: op, stream and flags, 21 int32 fields, 4 list lengths,
-// loss_scale, 4 int64 fields, parts, row_width and the span count. A count of more than the bytes left can hold is
+// Bytes of an instruction with empty lists: its header (op, stream, node, mb, the waits' length) and the
+// smallest payload (a step sync: group and span count). A count of more than the bytes left can hold is
 // corrupt (checked before anything is reserved).
-constexpr size_t kInstrMinBytes = 3 + 21 * 4 + 4 * 8 + 4 + 4 * 8 + 4 + 4 + 4;
+constexpr size_t kInstrMinBytes = 1 + 1 + 4 + 4 + 4 + 4 + 4;
+constexpr size_t kSpanBytes = 4 + 8 + 8 + 1;
 
 void put_optimizer(ByteWriter& w, const OptimizerConfig& o) {
   w.put_string(o.kind);
@@ -59,63 +60,100 @@ DataConfig get_data(ByteReader& r) {
 
 void put_int_vec(ByteWriter& w, const std::vector<int32_t>& v) { w.put_vector(v); }
 
+// Each payload's fields, in one order for writing and reading: io(field) is called for every field.
+template <typename Io>
+void payload_fields(ComputeArgs& a, Io&& io) {
+  for (int32_t* x : {&a.segment, &a.sample_offset, &a.samples, &a.in, &a.out, &a.stash, &a.wstash, &a.dout, &a.din,
+                     &a.link})
+    io(*x);
+  io(a.loss_scale);
+  io(a.pbuf);
+  io(a.gbuf);
+  io(a.overwrite);
+}
+template <typename Io>
+void payload_fields(UpdateArgs& a, Io&& io) {
+  for (int32_t* x : {&a.bucket, &a.buf, &a.src, &a.m, &a.v}) io(*x);
+  io(a.flags);
+  for (int64_t* x : {&a.offset, &a.src_offset, &a.count}) io(*x);
+}
+template <typename Io>
+void payload_fields(MessageArgs& a, Io&& io) {
+  for (int32_t* x : {&a.peer_set, &a.tag, &a.buf}) io(*x);
+  for (int64_t* x : {&a.offset, &a.count}) io(*x);
+}
+template <typename Io>
+void payload_fields(CollectiveArgs& a, Io&& io) {
+  for (int32_t* x : {&a.bucket, &a.group, &a.buf, &a.src, &a.tmp}) io(*x);
+  io(a.flags);
+  for (int64_t* x : {&a.offset, &a.src_offset, &a.count}) io(*x);
+}
+template <typename Io>
+void payload_fields(AllToAllArgs& a, Io&& io) {
+  for (int32_t* x : {&a.group, &a.buf, &a.src, &a.parts, &a.row_width}) io(*x);
+  io(a.rows);
+}
+template <typename Io>
+void payload_fields(StepSyncArgs& a, Io&& io) {
+  io(a.group);
+  io(a.spans);
+}
+
+struct FieldWriter {
+  ByteWriter& w;
+  template <typename T>
+  void operator()(const T& x) { w.put(x); }
+  template <typename T>
+  void operator()(const std::vector<T>& v) { w.put_vector(v); }
+  void operator()(const std::vector<Span>& spans) {
+    w.put<uint32_t>(uint32_t(spans.size()));
+    for (const auto& s : spans) {
+      w.put(s.buf);
+      w.put(s.offset);
+      w.put(s.count);
+      w.put<uint8_t>(s.per_replica);
+    }
+  }
+};
+
+struct FieldReader {
+  ByteReader& r;
+  template <typename T>
+  void operator()(T& x) { x = r.get<T>(); }
+  template <typename T>
+  void operator()(std::vector<T>& v) { v = r.get_vector<T>(); }
+  void operator()(std::vector<Span>& spans) {
+    const uint32_t n = r.get_count(kSpanBytes);
+    for (uint32_t i = 0; i < n; ++i) {
+      Span s;
+      s.buf = r.get<int32_t>();
+      s.offset = r.get<int64_t>();
+      s.count = r.get<int64_t>();
+      s.per_replica = r.get<uint8_t>() != 0;
+      spans.push_back(s);
+    }
+  }
+};
+
 void put_instr(ByteWriter& w, const Instr& in) {
   w.put(uint8_t(in.op));
   w.put(in.stream);
-  w.put(in.flags);
-  for (int32_t x : {in.node, in.segment, in.mb, in.bucket, in.group, in.peer_set, in.tag, in.in, in.out, in.stash,
-                    in.wstash, in.dout, in.din, in.link, in.sample_offset, in.samples, in.buf, in.src, in.tmp, in.m,
-                    in.v})
-    w.put(x);
-  w.put_vector(in.overwrite);
-  w.put(in.loss_scale);
-  w.put(in.offset);
-  w.put(in.src_offset);
-  w.put(in.count);
-  w.put(in.parts);
-  w.put(in.row_width);
-  w.put(in.rows);
-  put_int_vec(w, in.pbuf);
-  put_int_vec(w, in.gbuf);
-  put_int_vec(w, in.waits);
-  w.put<uint32_t>(uint32_t(in.spans.size()));
-  for (const auto& s : in.spans) {
-    w.put(s.buf);
-    w.put(s.offset);
-    w.put(s.count);
-    w.put<uint8_t>(s.per_replica);
-  }
+  w.put(in.node);
+  w.put(in.mb);
+  w.put_vector(in.waits);
+  InstrArgs args = in.args;  // payload_fields walks mutable fields for both directions
+  std::visit([&](auto& a) { payload_fields(a, FieldWriter{w}); }, args);
 }
 
 Instr get_instr(ByteReader& r) {
-  Instr in;
-  in.op = Op(r.get<uint8_t>());
+  const uint8_t op = r.get<uint8_t>();
+  if (op >= kOpCount) throw SystemError(cat("plan: unknown op ", int(op)));
+  Instr in(Op{op});
   in.stream = r.get<uint8_t>();
-  in.flags = r.get<uint8_t>();
-  for (int32_t* x : {&in.node, &in.segment, &in.mb, &in.bucket, &in.group, &in.peer_set, &in.tag, &in.in, &in.out,
-                     &in.stash, &in.wstash, &in.dout, &in.din, &in.link, &in.sample_offset, &in.samples, &in.buf,
-                     &in.src, &in.tmp, &in.m, &in.v})
-    *x = r.get<int32_t>();
-  in.overwrite = r.get_vector<uint8_t>();
-  in.loss_scale = r.get<float>();
-  in.offset = r.get<int64_t>();
-  in.src_offset = r.get<int64_t>();
-  in.count = r.get<int64_t>();
-  in.parts = r.get<int32_t>();
-  in.row_width = r.get<int32_t>();
-  in.rows = r.get<int64_t>();
-  in.pbuf = r.get_vector<int32_t>();
-  in.gbuf = r.get_vector<int32_t>();
+  in.node = r.get<int32_t>();
+  in.mb = r.get<int32_t>();
   in.waits = r.get_vector<int32_t>();
-  uint32_t ns = r.get_count(21);
-  for (uint32_t i = 0; i < ns; ++i) {
-    Span s;
-    s.buf = r.get<int32_t>();
-    s.offset = r.get<int64_t>();
-    s.count = r.get<int64_t>();
-    s.per_replica = r.get<uint8_t>() != 0;
-    in.spans.push_back(s);
-  }
+  std::visit([&](auto& a) { payload_fields(a, FieldReader{r}); }, in.args);
   return in;
 }
 

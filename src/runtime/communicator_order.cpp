@@ -21,7 +21,7 @@ std::vector<PeerChannel> plan_peer_channels(const Plan& plan) {
   for (const Instr& in : plan.instrs) {
     if (in.op != Op::Send && in.op != Op::Recv) continue;
     PeerChannel c;
-    c.peer = plan.peer_rank(in.peer_set);
+    c.peer = plan.peer_rank(in.message().peer_set);
     c.sending = in.op == Op::Send;
     c.stream = plan.streams[size_t(in.stream)];
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);

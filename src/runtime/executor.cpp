@@ -41,12 +41,14 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
     size_t floats = 1;
     for (const auto& in : plan_.instrs)
       if (op_is_compute(in.op))
-        floats = std::max(floats, segment_scratch_floats(k_, plan_.segments[size_t(in.segment)], plan_.dims, in.samples));
+        floats = std::max(floats, segment_scratch_floats(k_, plan_.segments[size_t(in.compute().segment)], plan_.dims,
+                                                         in.compute().samples));
     store_.resize(plan_.scratch_buf, floats * sizeof(float));
   }
   bool needs_data = false;
   for (const auto& in : plan_.instrs)
-    if (in.op == Op::Forward && plan_.segments[size_t(in.segment)].type->data != DataSlot::None) needs_data = true;
+    if (in.op == Op::Forward && plan_.segments[size_t(in.compute().segment)].type->data != DataSlot::None)
+      needs_data = true;
   if (needs_data) data_ = std::make_unique<DataLoader>(plan_.data);
   if (data_) data_identity_ = data_->identity();
   else if (plan_.data.kind == DataConfig::Kind::Tokens) data_identity_ = file_identity(plan_.data.path);
@@ -145,8 +147,8 @@ Communicator& Executor::group(int32_t g) {
   return *groups_[size_t(g)];
 }
 
-int64_t Executor::shard_offset(const Instr& in, uint8_t flag) const {
-  return (in.flags & flag) ? int64_t(plan_.replica) * in.count : 0;
+int64_t Executor::shard_offset(uint8_t flags, uint8_t flag, int64_t count) const {
+  return replica_shift(flags, flag, plan_.replica, count);
 }
 
 void Executor::init_parameters() {
@@ -291,7 +293,7 @@ void Executor::poll(Stream& s) {
     int32_t i = s.pending[k].instr;
     s.pending.erase(s.pending.begin() + long(k));
     const Instr& in = plan_.instrs[size_t(i)];
-    if (in.op == Op::ReduceScatter && in.tmp >= 0) finish_reduce_scatter(in);
+    if (in.op == Op::ReduceScatter && in.collective().tmp >= 0) finish_reduce_scatter(in.collective());
     complete(s, i);
   }
 }
@@ -321,31 +323,43 @@ void Executor::execute(Stream& s, int32_t i) {
     case Op::Backward:
     case Op::BackwardInput:
     case Op::BackwardWeight:
-      run_compute(in);
+      run_compute(in.op, in.compute());
       break;
-    case Op::Update: run_update(in); break;
-    case Op::StepSync: run_step_sync(in); break;
-    case Op::Send:
-      post(p2p_->send(store_.f(in.buf) + in.offset, size_t(in.count), plan_.peer_rank(in.peer_set), in.tag, ctx));
-      return;
-    case Op::Recv:
-      post(p2p_->recv(store_.f(in.buf) + in.offset, size_t(in.count), plan_.peer_rank(in.peer_set), in.tag, ctx));
-      return;
-    case Op::AllReduce:
-      post(group(in.group).all_reduce(store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard), size_t(in.count), ctx));
-      return;
-    case Op::ReduceScatter: {
-      const float* src = store_.f(in.src) + in.src_offset;
-      float* dst = in.tmp >= 0 ? store_.f(in.tmp) : store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard);
-      post(group(in.group).reduce_scatter(src, dst, size_t(in.count), ctx));
+    case Op::Update: run_update(in.update()); break;
+    case Op::StepSync: run_step_sync(in.step_sync()); break;
+    case Op::Send: {
+      const MessageArgs& m = in.message();
+      post(p2p_->send(store_.f(m.buf) + m.offset, size_t(m.count), plan_.peer_rank(m.peer_set), m.tag, ctx));
       return;
     }
-    case Op::AllToAll:
-      post(group(in.group).all_to_all_rows(store_.f(in.src), store_.f(in.buf), in.parts, in.row_width, ctx));
+    case Op::Recv: {
+      const MessageArgs& m = in.message();
+      post(p2p_->recv(store_.f(m.buf) + m.offset, size_t(m.count), plan_.peer_rank(m.peer_set), m.tag, ctx));
       return;
+    }
+    case Op::AllReduce: {
+      const CollectiveArgs& c = in.collective();
+      float* buf = store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count);
+      post(group(c.group).all_reduce(buf, size_t(c.count), ctx));
+      return;
+    }
+    case Op::ReduceScatter: {
+      const CollectiveArgs& c = in.collective();
+      const float* src = store_.f(c.src) + c.src_offset;
+      float* dst = c.tmp >= 0 ? store_.f(c.tmp) : store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count);
+      post(group(c.group).reduce_scatter(src, dst, size_t(c.count), ctx));
+      return;
+    }
+    case Op::AllToAll: {
+      const AllToAllArgs& a = in.all_to_all();
+      post(group(a.group).all_to_all_rows(store_.f(a.src), store_.f(a.buf), a.parts, a.row_width, ctx));
+      return;
+    }
     case Op::AllGather: {
-      const float* src = in.src >= 0 ? store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard) : nullptr;
-      post(group(in.group).all_gather(src, store_.f(in.buf) + in.offset, size_t(in.count), ctx));
+      const CollectiveArgs& c = in.collective();
+      const float* src =
+          c.src >= 0 ? store_.f(c.src) + c.src_offset + shard_offset(c.flags, kFlagSrcShard, c.count) : nullptr;
+      post(group(c.group).all_gather(src, store_.f(c.buf) + c.offset, size_t(c.count), ctx));
       return;
     }
   }
@@ -353,14 +367,14 @@ void Executor::execute(Stream& s, int32_t i) {
   complete(s, i);
 }
 
-void Executor::finish_reduce_scatter(const Instr& in) {
-  float* dst = store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard);
+void Executor::finish_reduce_scatter(const CollectiveArgs& in) {
+  float* dst = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count);
   const float* tmp = store_.f(in.tmp);
   if (in.flags & kFlagAccumulate) k_.accumulate(dst, tmp, size_t(in.count));
   else k_.copy(dst, tmp, size_t(in.count) * sizeof(float));
 }
 
-void Executor::load_data(const Instr& in, void* stash) {
+void Executor::load_data(const ComputeArgs& in, void* stash) {
   const Segment& seg = plan_.segments[size_t(in.segment)];
   const int first = plan_.replica * plan_.samples_per_replica + in.sample_offset;
   const int n = in.samples;
@@ -390,7 +404,7 @@ void Executor::load_data(const Instr& in, void* stash) {
   }
 }
 
-void Executor::run_compute(const Instr& in) {
+void Executor::run_compute(Op op, const ComputeArgs& in) {
   const Segment& seg = plan_.segments[size_t(in.segment)];
   const size_t np = seg.params.size();
   // parameter and gradient pointers, in the segment's order (one pair of arrays per stream thread)
@@ -429,7 +443,7 @@ void Executor::run_compute(const Instr& in) {
   float* workspace = store_.f(plan_.workspace_buf);
   const ModelDims& d = plan_.dims;
   k_.begin_region(seg.name.c_str());
-  switch (in.op) {
+  switch (op) {
     case Op::Forward:
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
@@ -456,7 +470,7 @@ void Executor::run_compute(const Instr& in) {
   }
 }
 
-void Executor::run_update(const Instr& in) {
+void Executor::run_update(const UpdateArgs& in) {
   if (skip_update_) return;  // every rank saw the same non-finite sums: parameters and moments stay as they were
   k_.begin_region("optimizer");
   const OptimizerConfig& o = plan_.optimizer;
@@ -467,9 +481,9 @@ void Executor::run_update(const Instr& in) {
   args.eps = float(o.eps);
   args.grad_scale = float(clip_scale_);
   args.step = step_ + 1;
-  const int64_t lo = shard_offset(in, kFlagBucketShard), hi = lo + in.count;
-  float* p = store_.f(in.buf) + in.offset + shard_offset(in, kFlagBufShard);
-  float* gr = store_.f(in.src) + in.src_offset + shard_offset(in, kFlagSrcShard);
+  const int64_t lo = shard_offset(in.flags, kFlagBucketShard, in.count), hi = lo + in.count;
+  float* p = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count);
+  float* gr = store_.f(in.src) + in.src_offset + shard_offset(in.flags, kFlagSrcShard, in.count);
   float* m = store_.f(in.m);
   float* v = store_.f(in.v);
   for_each_param_piece(plan_, in.bucket, {lo, hi}, [&](const ParamPiece& piece) {
@@ -479,7 +493,7 @@ void Executor::run_update(const Instr& in) {
   });
 }
 
-void Executor::run_step_sync(const Instr& in) {
+void Executor::run_step_sync(const StepSyncArgs& in) {
   k_.begin_region("step sync");
   for (const auto& s : in.spans) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);

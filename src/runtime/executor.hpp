@@ -104,14 +104,14 @@ class Executor {
   void poll(Stream& s);
   void execute(Stream& s, int32_t i);
   void complete(Stream& s, int32_t i);
-  void run_compute(const Instr& in);
-  void load_data(const Instr& in, void* stash);
-  void run_update(const Instr& in);
-  void run_step_sync(const Instr& in);
-  void finish_reduce_scatter(const Instr& in);
+  void run_compute(Op op, const ComputeArgs& in);
+  void load_data(const ComputeArgs& in, void* stash);
+  void run_update(const UpdateArgs& in);
+  void run_step_sync(const StepSyncArgs& in);
+  void finish_reduce_scatter(const CollectiveArgs& in);
   void make_communicators();
   Communicator& group(int32_t g);
-  int64_t shard_offset(const Instr& in, uint8_t flag) const;
+  int64_t shard_offset(uint8_t flags, uint8_t flag, int64_t count) const;
 
   const Plan& plan_;
   Backend& backend_;

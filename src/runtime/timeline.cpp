@@ -62,7 +62,7 @@ StepTimes step_times(const Plan& plan, const std::vector<TraceEvent>& events, do
       comm.push_back({e.start, e.end});
       const OpKind kind = op_info(in.op).kind;
       if (kind == OpKind::AllToAll) exchange.push_back({e.start, e.end});
-      const double b = instr_send_bytes(in, in.group >= 0 ? group_sizes[size_t(in.group)] : 2);
+      const double b = instr_send_bytes(in, in.group() >= 0 ? group_sizes[size_t(in.group())] : 2);
       (kind == OpKind::PointToPoint ? t.p2p_bytes : t.collective_bytes) += b;
     } else if (op_info(in.op).kind != OpKind::StepSync) {
       compute.push_back({e.start, e.end});

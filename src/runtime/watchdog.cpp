@@ -25,9 +25,10 @@ std::string describe(const Plan& p, int32_t i) {
   if (i < 0 || size_t(i) >= p.instrs.size()) return cat("#", i);
   const Instr& in = p.instrs[size_t(i)];
   std::string s = cat("#", i, " ", instr_label(p, in));
-  if (in.group >= 0 && size_t(in.group) < p.groups.size()) {
+  const int32_t group = in.group();
+  if (group >= 0 && size_t(group) < p.groups.size()) {
     s += " (ranks";
-    for (int32_t r : p.group_ranks(p.groups[size_t(in.group)])) s += cat(" ", r);
+    for (int32_t r : p.group_ranks(p.groups[size_t(group)])) s += cat(" ", r);
     s += ")";
   }
   return s;

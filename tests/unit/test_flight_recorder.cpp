@@ -55,14 +55,11 @@ TEST_CASE("flight report: names each stream's unfinished instruction, what it wa
   p.sets = {{0, 1}};
   p.streams = {"compute", "dp"};
   p.groups = {GroupRef{GroupRef::Kind::DeviceSet, {0}, "dp"}};
-  Instr update, reduce, sync;
-  update.op = Op::Update;
-  update.bucket = 0;
-  reduce.op = Op::AllReduce;
+  Instr update(Op::Update), reduce(Op::AllReduce), sync(Op::StepSync);
+  update.update().bucket = 0;
   reduce.stream = 1;
-  reduce.bucket = 0;
-  reduce.group = 0;
-  sync.op = Op::StepSync;
+  reduce.collective().bucket = 0;
+  reduce.collective().group = 0;
   sync.waits = {1};
   p.instrs = {update, reduce, sync};
   FlightRecorder compute, dp;

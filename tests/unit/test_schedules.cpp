@@ -154,7 +154,7 @@ TEST_CASE("a mismatched collective order is rejected", "[verify]") {
   // Give set 1 a second collective on the group it shares with set 0, before the tied all-reduce.
   Plan& p = r.bodies[1];
   auto tie = std::find_if(p.instrs.begin(), p.instrs.end(), [&](const Instr& in) {
-    return in.op == Op::AllReduce && p.groups[size_t(in.group)].kind == GroupRef::Kind::AcrossSets;
+    return in.op == Op::AllReduce && p.groups[size_t(in.group())].kind == GroupRef::Kind::AcrossSets;
   });
   REQUIRE(tie != p.instrs.end());
   Instr extra = *tie;
@@ -200,9 +200,9 @@ TEST_CASE("a crossed order on one stage of a 4,096-rank job is found", "[verify]
   Plan& p = r.bodies[7];
   std::vector<Instr*> sends;
   for (Instr& in : p.instrs)
-    if (in.op == Op::Send && in.peer_set == 8) sends.push_back(&in);
+    if (in.op == Op::Send && in.message().peer_set == 8) sends.push_back(&in);
   REQUIRE(sends.size() >= 2);
-  std::swap(sends[0]->tag, sends[1]->tag);
+  std::swap(sends[0]->message().tag, sends[1]->message().tag);
   std::string e = user_error_of([&] { simulate_plans(r.bodies, r.cost, {}); });
   INFO(e);
   CHECK(e.find("transfer in different orders") != std::string::npos);

@@ -1,0 +1,170 @@
+// One instruction of a plan: a small header (op, stream, IR node, microbatch, waits) and a typed payload per
+// op kind (op_table.hpp), each listing the buffers it names once, in its operand roles.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "plan/op_table.hpp"
+
+namespace piper {
+
+// A range of a buffer; with per_replica set the offset moves by replica × count on each rank.
+struct Span {
+  int32_t buf = -1;
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool per_replica = false;
+};
+
+// Bits of UpdateArgs::flags and CollectiveArgs::flags: which offsets move by replica × count on each rank.
+constexpr uint8_t kFlagAccumulate = 1;   // reduce-scatter: add into buf instead of writing
+constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
+constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
+constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
+
+// Forward, Backward, BackwardInput, BackwardWeight: one segment's pass over one microbatch.
+struct ComputeArgs {
+  int32_t segment = -1;
+  int32_t sample_offset = 0;  // first sample of the microbatch within this replica's slice
+  int32_t samples = 0;
+  float loss_scale = 0;
+  // buffers (ids or -1): input activation, output activation, forward→backward stash, BI→BW stash,
+  // output gradient, input gradient, and the stash of the segment this one's type links to
+  int32_t in = -1, out = -1, stash = -1, wstash = -1, dout = -1, din = -1, link = -1;
+  std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
+  std::vector<uint8_t> overwrite;   // [i] != 0: gradient of segment param i is written, not accumulated
+
+  template <typename Fn>  // fn(Operand role, buffer id) for every buffer named (ids may be -1)
+  void operands(Fn&& fn) const {
+    for (auto [role, b] : {std::pair{kOperandIn, in}, {kOperandOut, out}, {kOperandStash, stash},
+                           {kOperandWStash, wstash}, {kOperandDout, dout}, {kOperandDin, din}, {kOperandLink, link}})
+      fn(role, b);
+    for (int32_t b : pbuf) fn(kOperandParams, b);
+    for (int32_t b : gbuf) fn(kOperandGrads, b);
+  }
+};
+
+// Update: AdamW on `count` elements of a bucket's owned range.
+struct UpdateArgs {
+  int32_t bucket = -1;
+  uint8_t flags = 0;  // kFlagBucketShard, kFlagBufShard, kFlagSrcShard
+  int32_t buf = -1;   // parameters, from `offset`
+  int32_t src = -1;   // gradients, from `src_offset`
+  int32_t m = -1, v = -1;  // AdamW moments, from 0
+  int64_t offset = 0, src_offset = 0;
+  int64_t count = 0;  // elements updated
+
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    fn(kOperandBuf, buf);
+    fn(kOperandSrc, src);
+    fn(kOperandM, m);
+    fn(kOperandV, v);
+  }
+};
+
+// Send, Recv: `count` floats of `buf` from `offset`, to or from the same replica of another device set.
+struct MessageArgs {
+  int32_t peer_set = -1;
+  int32_t tag = 0;  // the IR id of the SEND
+  int32_t buf = -1;
+  int64_t offset = 0;
+  int64_t count = 0;  // floats in the message
+
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    fn(kOperandBuf, buf);
+  }
+};
+
+// AllReduce, ReduceScatter, AllGather on a group: destination `buf`, source `src` (-1: in place), scratch `tmp`.
+struct CollectiveArgs {
+  int32_t bucket = -1;
+  int32_t group = -1;  // index into Plan::groups
+  uint8_t flags = 0;   // kFlagAccumulate, kFlagBufShard, kFlagSrcShard
+  int32_t buf = -1, src = -1, tmp = -1;
+  int64_t offset = 0, src_offset = 0;
+  int64_t count = 0;  // all-reduce: floats reduced; reduce-scatter and all-gather: floats of each rank's share
+
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    fn(kOperandBuf, buf);
+    fn(kOperandSrc, src);
+    fn(kOperandTmp, tmp);
+  }
+};
+
+// AllToAll: counted rows of `row_width` floats from `src` to `buf`, in `parts` parts (part p goes to rank
+// p / (parts / n) of the group's n).
+struct AllToAllArgs {
+  int32_t group = -1;
+  int32_t buf = -1, src = -1;
+  int32_t parts = 0;
+  int32_t row_width = 0;
+  int64_t rows = 0;  // rows this rank sends at most (for the cost model)
+
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    fn(kOperandBuf, buf);
+    fn(kOperandSrc, src);
+  }
+};
+
+// StepSync: every rank's sums of [loss, grad norm²] over the world group; sets the clip scale.
+struct StepSyncArgs {
+  int32_t group = -1;
+  std::vector<Span> spans;  // gradient ranges this rank counts in the norm
+
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    for (const Span& s : spans) fn(kOperandSpans, s.buf);
+  }
+};
+
+// Alternative i is the payload of OpKind i.
+using InstrArgs = std::variant<ComputeArgs, UpdateArgs, MessageArgs, CollectiveArgs, AllToAllArgs, StepSyncArgs>;
+static_assert(std::variant_size_v<InstrArgs> == kOpKindCount, "one payload per OpKind");
+
+struct Instr {
+  Op op = Op::Forward;
+  uint8_t stream = 0;
+  int32_t node = -1;           // IR node, for traces and messages
+  int32_t mb = -1;             // microbatch, for traces and labels (-1: none)
+  std::vector<int32_t> waits;  // instructions (on other streams) that must be complete first
+  InstrArgs args;              // the payload of op's kind
+
+  Instr() = default;
+  explicit Instr(Op o) { set_op(o); }
+  // Sets the op and an empty payload of its kind.
+  void set_op(Op o);
+
+  ComputeArgs& compute() { return std::get<ComputeArgs>(args); }
+  const ComputeArgs& compute() const { return std::get<ComputeArgs>(args); }
+  UpdateArgs& update() { return std::get<UpdateArgs>(args); }
+  const UpdateArgs& update() const { return std::get<UpdateArgs>(args); }
+  MessageArgs& message() { return std::get<MessageArgs>(args); }
+  const MessageArgs& message() const { return std::get<MessageArgs>(args); }
+  CollectiveArgs& collective() { return std::get<CollectiveArgs>(args); }
+  const CollectiveArgs& collective() const { return std::get<CollectiveArgs>(args); }
+  AllToAllArgs& all_to_all() { return std::get<AllToAllArgs>(args); }
+  const AllToAllArgs& all_to_all() const { return std::get<AllToAllArgs>(args); }
+  StepSyncArgs& step_sync() { return std::get<StepSyncArgs>(args); }
+  const StepSyncArgs& step_sync() const { return std::get<StepSyncArgs>(args); }
+
+  int32_t group() const;   // the communicator group (index into Plan::groups), or -1
+  int32_t bucket() const;  // the bucket updated or communicated, or -1
+  // fn(Operand role, buffer id) for every buffer the payload names (ids may be -1).
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    std::visit([&](const auto& a) { a.operands(fn); }, args);
+  }
+};
+
+// Offset of this replica's share: replica × count where `flags` has `flag`, else 0.
+inline int64_t replica_shift(uint8_t flags, uint8_t flag, int replica, int64_t count) {
+  return (flags & flag) ? int64_t(replica) * count : 0;
+}
+
+}  // namespace piper
