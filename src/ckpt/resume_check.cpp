@@ -31,6 +31,7 @@ std::vector<std::string> check_resume(const RunRecord& ck, const RunRecord& job,
     std::string setting, was, now;
   };
   std::vector<Change> changes;
+  std::vector<std::string> older_keys;
   if (ck.has_seed && ck.seed != job.seed) changes.push_back({"job.seed", cat(ck.seed), cat(job.seed)});
   if (!ck.sampler.empty() && job.has_data && ck.sampler != job.sampler)  // synthetic data has no sampler
     changes.push_back({"data.sampler", cat("\"", ck.sampler, "\""), cat("\"", job.sampler, "\"")});
@@ -50,11 +51,18 @@ std::vector<std::string> check_resume(const RunRecord& ck, const RunRecord& job,
     for (const auto* kv : {&was, &now})
       for (const auto& [k, v] : *kv)
         if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
-    for (const std::string& k : keys)
-      if (value(was, k) != value(now, k)) changes.push_back({"model." + k, value(was, k), value(now, k)});
+    std::vector<std::string> newer;  // keys of the job's family that the checkpoint predates
+    for (const std::string& k : keys) {
+      if (value(was, k) == value(now, k)) continue;
+      if (value(was, k) == "(none)" && value(was, "kind") == value(now, "kind")) newer.push_back(k);
+      else changes.push_back({"model." + k, value(was, k), value(now, k)});
+    }
+    for (const std::string& k : newer)
+      older_keys.push_back(cat("--resume ", path, ": the checkpoint does not record model.", k, " (written before ",
+                               "the key existed): resuming with the job's value ", value(now, k)));
   }
 
-  std::vector<std::string> warnings;
+  std::vector<std::string> warnings = older_keys;
   std::string refused, names;
   for (const Change& c : changes) {
     std::string line = cat(c.setting, ": checkpoint ", c.was, ", job ", c.now);

@@ -8,6 +8,8 @@
 
 namespace piper {
 
+constexpr int kFamilySlots = 8;
+
 // Hyperparameters of every family in one plain struct (it travels in the plan as bytes); each family
 // reads the keys it knows and leaves the others at their defaults. The last two are derived by the family.
 struct ModelDims {
@@ -15,13 +17,17 @@ struct ModelDims {
   int n_kv_heads = 0, head_dim = 0;  // 0: n_heads, d_model / n_heads
   double rope_theta = 1e6, norm_eps = 1e-6;
   bool qk_norm = true, tie_embeddings = false;
-  uint8_t padding0_[2] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
+  uint8_t family_given = 0;   // bit i: family_values[i] holds a value read or copied (else its key's default)
+  uint8_t padding0_[1] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
   int d_in = 32, d_hidden = 64, n_classes = 8;  // synthetic-feature models
   // mixture of experts ([model.moe]); experts = 0: none
   int moe_experts = 0, moe_top_k = 2, moe_d_expert = 0, moe_every = 1;
   bool moe_norm_topk_prob = true;
   uint8_t padding1_[7] = {};
   double moe_aux_loss_coef = 0.001, moe_capacity_factor = 0;  // capacity 0: dropless
+  // Values a family keeps for itself, by the slot its key table gives them (ModelKey's FamilySlot): a
+  // family's new hyperparameter needs no field here. Read them with family_value (model_keys.hpp).
+  double family_values[kFamilySlots] = {};
   // derived by the family's build
   int rows_per_sample = 1;  // rows one sample contributes to the activation matrices (T for sequences)
   int act_width = 0;        // width of the activation handed between segments

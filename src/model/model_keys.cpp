@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <memory>
+#include <type_traits>
 
 #include "config/toml_reader.hpp"
 #include "util/error.hpp"
@@ -22,6 +23,16 @@ std::string leaf_of(const ModelKey& k) {
   return name.substr(name.find('.') + 1);
 }
 
+void check_slot(int slot) { PIPER_CHECK(slot >= 0 && slot < kFamilySlots, "family slot ", slot, " of ", kFamilySlots); }
+
+void set_slot(ModelDims& d, FamilySlot s, double v) {
+  check_slot(s.index);
+  d.family_values[s.index] = v;
+  d.family_given = uint8_t(d.family_given | (1u << s.index));
+}
+
+bool slot_given(const ModelDims& d, int slot) { return (d.family_given >> slot) & 1u; }
+
 // Reads one key through the reader of its table.
 void read_key(TomlReader& r, const ModelKey& k, ModelSpec& spec) {
   const std::string leaf = leaf_of(k);
@@ -31,6 +42,8 @@ void read_key(TomlReader& r, const ModelKey& k, ModelSpec& spec) {
     d.*(*f) = int(r.get_int(leaf, int64_t(fallback), int64_t(k.min), int64_t(k.max)));
   else if (auto* g = std::get_if<double ModelDims::*>(&k.field))
     d.*(*g) = r.get_float(leaf, fallback, k.min, k.max, k.min_exclusive);
+  else if (auto* s = std::get_if<FamilySlot>(&k.field))
+    set_slot(d, *s, r.get_float(leaf, fallback, k.min, k.max, k.min_exclusive));
   else
     d.*std::get<bool ModelDims::*>(k.field) = r.get_bool(leaf, fallback != 0);
 }
@@ -72,7 +85,16 @@ void read_model_keys(TomlReader& r, const std::vector<ModelKey>& keys, ModelSpec
 namespace {
 
 double value_of(const ModelKey& k, const ModelDims& d) {
-  return std::visit([&](auto field) { return double(d.*field); }, k.field);
+  return std::visit(
+      [&](auto field) -> double {
+        if constexpr (std::is_same_v<decltype(field), FamilySlot>) {
+          check_slot(field.index);
+          return slot_given(d, field.index) ? d.family_values[field.index] : k.fallback(d);
+        } else {
+          return double(d.*field);
+        }
+      },
+      k.field);
 }
 
 // Calls visit(k) for every key of `keys` that `d` has: all but those of an optional table whose first key is 0.
@@ -112,16 +134,28 @@ ModelSpec spec_from_keys(const std::vector<ModelKey>& keys, const std::string& k
   spec.kind = kind;
   ModelDims& d = spec;
   for_each_present_key(keys, from, [&](const ModelKey& k) {
-    std::visit([&](auto field) { d.*field = from.*field; }, k.field);
+    std::visit(
+        [&](auto field) {
+          if constexpr (std::is_same_v<decltype(field), FamilySlot>) set_slot(d, field, value_of(k, from));
+          else d.*field = from.*field;
+        },
+        k.field);
   });
   return spec;
+}
+
+double family_value(const ModelDims& d, const std::vector<ModelKey>& keys, int slot) {
+  for (const ModelKey& k : keys)
+    if (auto* s = std::get_if<FamilySlot>(&k.field); s && s->index == slot) return value_of(k, d);
+  PIPER_CHECK(false, "no key of the family keeps family slot ", slot);
+  return 0;
 }
 
 std::string model_key_text(const ModelKey& k, const ModelDims& d) {
   if (auto* f = std::get_if<int ModelDims::*>(&k.field)) return std::to_string(d.*(*f));
   if (auto* b = std::get_if<bool ModelDims::*>(&k.field)) return d.*(*b) ? "true" : "false";
   char buf[64];  // the shortest text that reads back as the same double (1e-06, 10000, 0.001)
-  const auto res = std::to_chars(buf, buf + sizeof(buf), d.*std::get<double ModelDims::*>(k.field));
+  const auto res = std::to_chars(buf, buf + sizeof(buf), value_of(k, d));
   return std::string(buf, res.ptr);
 }
 

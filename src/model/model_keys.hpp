@@ -20,8 +20,13 @@ struct KeyProblem {
 // Whether the job file gave `key` ("moe.top_k" for [model.moe]); the plan check counts every key as given.
 using KeyGiven = std::function<bool(const std::string& key)>;
 
+// A float key the family keeps in ModelDims::family_values[index] (each family numbers its own slots).
+struct FamilySlot {
+  int index;
+};
+
 struct ModelKey {
-  using Field = std::variant<int ModelDims::*, double ModelDims::*, bool ModelDims::*>;
+  using Field = std::variant<int ModelDims::*, double ModelDims::*, bool ModelDims::*, FamilySlot>;
   const char* name;  // "d_ff"; "moe.experts" for [model.moe], an optional table
   Field field;       // where ModelDims keeps the value
   double min = 0, max = 0;  // the range of an int or float key, inclusive (min exclusive where min_exclusive)
@@ -46,6 +51,10 @@ template <int ModelDims::*Field>
 ModelKey int_key(const char* name, double min, double max, const char* doc) {
   return {.name = name, .field = Field, .min = min, .max = max, .fallback = current<Field>, .doc = doc};
 }
+
+// The value of a family's own key: family_value(d, keys, kInitGain) — the value read or copied into the
+// slot, else (dimensions made in code) the default of the key of `keys` that keeps it there.
+double family_value(const ModelDims& d, const std::vector<ModelKey>& keys, int slot);
 
 // Reads every key of `keys`, in order, into `spec` through `r` (the [model] table), with each key's range
 // and rule; errors name the file, line and key.

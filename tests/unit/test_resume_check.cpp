@@ -122,6 +122,52 @@ TEST_CASE("model key tables hold a plan's dimensions to the job file's ranges an
     }
 }
 
+TEST_CASE("a family's own key (mlp's init_gain, kept in a family slot) is read, checked, recorded and used", "[resume]") {
+  const JobSpec plain = load_job_text("[model]\nkind = \"mlp\"\n", "job.toml");
+  const JobSpec scaled = load_job_text("[model]\nkind = \"mlp\"\ninit_gain = 2.5\n", "job.toml");
+  CHECK(model_keys_text(plain.model).find(" init_gain=1") != std::string::npos);
+  CHECK(model_keys_text(scaled.model).find(" init_gain=2.5") != std::string::npos);
+  // the family's build uses it: every weight's initial std scales with it, the biases stay zero
+  const Model a = find_family("mlp")->build(plain.model), b = find_family("mlp")->build(scaled.model);
+  REQUIRE(a.params.size() == b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    INFO(a.params[i].name);
+    CHECK(b.params[i].init_std == Approx(2.5 * a.params[i].init_std));
+  }
+  // dimensions made in code, without the key table, have the key's default
+  ModelSpec in_code;
+  in_code.kind = "mlp";
+  CHECK(family_value(in_code, find_family("mlp")->keys, 0) == 1.0);
+  CHECK(family_value(scaled.model, find_family("mlp")->keys, 0) == 2.5);
+  // its range, in a job file (file, line, key) and in a received plan's dimensions
+  try {
+    load_job_text("[model]\nkind = \"mlp\"\ninit_gain = 0\n", "job.toml");
+    FAIL("init_gain = 0 was accepted");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("job.toml:3") != std::string::npos);
+    CHECK(std::string(e.what()).find("init_gain") != std::string::npos);
+  }
+  ModelDims bad = scaled.model;
+  bad.family_values[0] = 1000;
+  const std::optional<KeyProblem> p = check_model_keys(find_family("mlp")->keys, bad);
+  REQUIRE(p.has_value());
+  CHECK(p->key == "init_gain");
+  // another family's dimensions keep the slot at 0 and never read it
+  CHECK(load_job_text("[model]\nkind = \"gpt\"\n[data]\npath = \"" + test::scratch_data_file() + "\"\n", "job.toml")
+            .model.family_values[0] == 0);
+  // a checkpoint written before the key existed resumes with a warning naming it; a changed value is refused
+  RunRecord ck, job;
+  ck.has_seed = job.has_seed = true;
+  job.model = model_keys_text(scaled.model);
+  ck.model = job.model.substr(0, job.model.find(" init_gain="));
+  const std::vector<std::string> w = check_resume(ck, job, {}, "ck.h5");
+  REQUIRE(w.size() == 1);
+  CHECK(w[0].find("does not record model.init_gain") != std::string::npos);
+  CHECK(w[0].find("job's value 2.5") != std::string::npos);
+  ck.model = model_keys_text(plain.model);
+  CHECK(refusal(ck, job).find("model.init_gain: checkpoint 1, job 2.5") != std::string::npos);
+}
+
 TEST_CASE("resume checks: the same settings pass, each difference is named with both values", "[resume]") {
   const RunRecord ck = gpt_record();
   CHECK(check_resume(ck, ck, {}, "ck.h5").empty());

@@ -10,6 +10,7 @@ namespace piper {
 namespace {
 
 enum LayerParam { kWeight, kBias, kLayerParams };
+enum MlpValue { kInitGain };  // this family's slots of ModelDims::family_values
 
 const size_t f = sizeof(float), i32 = sizeof(int32_t);
 
@@ -117,7 +118,10 @@ std::vector<ModelKey> keys() {
   return {int_key<&D::d_in>("d_in", 1, 1 << 20, "features of a sample"),
           int_key<&D::d_hidden>("d_hidden", 1, 1 << 20, "width of every hidden layer"),
           int_key<&D::n_layers>("n_layers", 1, 100000, "Linear+GELU layers"),
-          int_key<&D::n_classes>("n_classes", 2, 1 << 20, "classes of the synthetic task")};
+          int_key<&D::n_classes>("n_classes", 2, 1 << 20, "classes of the synthetic task"),
+          {.name = "init_gain", .field = FamilySlot{kInitGain}, .min = 0, .max = 100, .min_exclusive = true,
+           .fallback = [](const D&) { return 1.0; },
+           .doc = "initial weights are normal with std init_gain / sqrt(fan_in)"}};
 }
 
 Model build(const ModelSpec& s) {
@@ -125,18 +129,19 @@ Model build(const ModelSpec& s) {
   m.dims = s;
   m.dims.rows_per_sample = 1;
   m.dims.act_width = s.d_hidden;
+  const double gain = family_value(s, keys(), kInitGain);
   int64_t in = s.d_in;
   for (int l = 0; l < s.n_layers; ++l) {
     std::string b = cat("layers.", l, ".");
     Segment seg{l == 0 ? &first_layer_type() : &layer_type(), cat("layers.", l), l, {}, 0};
-    seg.params = {m.add_param(b + "weight", {s.d_hidden, in}, InitKind::Normal, float(1.0 / std::sqrt(double(in))), true),
+    seg.params = {m.add_param(b + "weight", {s.d_hidden, in}, InitKind::Normal, float(gain / std::sqrt(double(in))), true),
                   m.add_param(b + "bias", {s.d_hidden}, InitKind::Zeros, 0, false)};
     seg.fwd_flops_per_sample = 2.0 * double(in) * s.d_hidden;
     m.segments.push_back(seg);
     in = s.d_hidden;
   }
   Segment head{&head_type(), "head", s.n_layers - 1, {}, 0};
-  head.params = {m.add_param("head.weight", {s.n_classes, in}, InitKind::Normal, float(1.0 / std::sqrt(double(in))), true),
+  head.params = {m.add_param("head.weight", {s.n_classes, in}, InitKind::Normal, float(gain / std::sqrt(double(in))), true),
                  m.add_param("head.bias", {s.n_classes}, InitKind::Zeros, 0, false)};
   head.fwd_flops_per_sample = 2.0 * double(in) * s.n_classes;
   m.segments.push_back(head);
