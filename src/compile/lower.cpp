@@ -464,7 +464,7 @@ class Lowerer {
     instr.node = n.id;
     instr.mb = mb;
     instr.stream = uint8_t(stream_id("compute"));
-    ComputeArgs& in = instr.compute();
+    ComputeArgs& in = std::get<ComputeArgs>(instr.args);
     in.segment = op.segment;
     in.samples = b_;
     in.sample_offset = mb * b_;
@@ -536,7 +536,7 @@ class Lowerer {
     switch (in.op) {
       case Op::Send:
       case Op::Recv: {
-        MessageArgs& m = in.message();
+        MessageArgs& m = std::get<MessageArgs>(in.args);
         m.peer_set = n.peer_set;
         m.tag = n.kind == NodeKind::SEND ? n.id : n.pair;
         m.buf = n.tensor.kind == TensorRef::Kind::Act ? act_buf(n.tensor.index, n.mb) : act_grad_buf(n.tensor.index, n.mb);
@@ -546,11 +546,11 @@ class Lowerer {
       case Op::StepSync: return emit_step_sync(in);
       case Op::AllReduce:
         if (n.purpose == CommPurpose::TiedGradient) return emit_tie(n, in);
-        emit_all_reduce(n, in.collective());
+        emit_all_reduce(n, std::get<CollectiveArgs>(in.args));
         break;
-      case Op::ReduceScatter: emit_reduce_scatter(n, in.collective()); break;
-      case Op::AllToAll: emit_all_to_all(n, in.all_to_all()); break;
-      case Op::AllGather: emit_all_gather(n, in.collective()); break;
+      case Op::ReduceScatter: emit_reduce_scatter(n, std::get<CollectiveArgs>(in.args)); break;
+      case Op::AllToAll: emit_all_to_all(n, std::get<AllToAllArgs>(in.args)); break;
+      case Op::AllGather: emit_all_gather(n, std::get<CollectiveArgs>(in.args)); break;
       default: PIPER_CHECK(false, "cannot lower ", n.label());
     }
     p_.instrs.push_back(std::move(in));
@@ -632,7 +632,7 @@ class Lowerer {
     const PlanBucket& pb = plan_bucket(local);
     Span s = owned_grads(pb);
     if (pb.zero == 0) s = Span{pb.grad_buf, 0, pb.padded, false};  // all-reduced: every replica has all of it
-    CollectiveArgs& in = instr.collective();
+    CollectiveArgs& in = std::get<CollectiveArgs>(instr.args);
     in.bucket = bucket_index_.at(local);
     in.group = group_id({GroupRef::Kind::AcrossSets, std::vector<int32_t>(n.tie_sets.begin(), n.tie_sets.end()), n.stream});
     in.buf = s.buf;
@@ -643,7 +643,7 @@ class Lowerer {
 
   void emit_step_sync(Instr& instr) {
     instr.stream = uint8_t(stream_id("compute"));
-    StepSyncArgs& in = instr.step_sync();
+    StepSyncArgs& in = std::get<StepSyncArgs>(instr.args);
     in.group = group_id({GroupRef::Kind::World, {}, "compute"});
     for (const auto& pb : p_.buckets) {
       if (pb.tied_copy) continue;
@@ -661,7 +661,7 @@ class Lowerer {
       Instr instr(Op::Update);
       instr.node = n.id;
       instr.stream = uint8_t(stream_id("compute"));
-      UpdateArgs& in = instr.update();
+      UpdateArgs& in = std::get<UpdateArgs>(instr.args);
       in.bucket = int(i);
       in.m = pb.m_buf;
       in.v = pb.v_buf;

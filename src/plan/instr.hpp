@@ -140,17 +140,12 @@ struct Instr {
   // Sets the op and an empty payload of its kind.
   void set_op(Op o);
 
-  ComputeArgs& compute() { return std::get<ComputeArgs>(args); }
+  // The payload, read-only (a payload is built apart and assigned to args, or changed through std::get).
   const ComputeArgs& compute() const { return std::get<ComputeArgs>(args); }
-  UpdateArgs& update() { return std::get<UpdateArgs>(args); }
   const UpdateArgs& update() const { return std::get<UpdateArgs>(args); }
-  MessageArgs& message() { return std::get<MessageArgs>(args); }
   const MessageArgs& message() const { return std::get<MessageArgs>(args); }
-  CollectiveArgs& collective() { return std::get<CollectiveArgs>(args); }
   const CollectiveArgs& collective() const { return std::get<CollectiveArgs>(args); }
-  AllToAllArgs& all_to_all() { return std::get<AllToAllArgs>(args); }
   const AllToAllArgs& all_to_all() const { return std::get<AllToAllArgs>(args); }
-  StepSyncArgs& step_sync() { return std::get<StepSyncArgs>(args); }
   const StepSyncArgs& step_sync() const { return std::get<StepSyncArgs>(args); }
 
   int32_t group() const;   // the communicator group (index into Plan::groups), or -1

@@ -61,42 +61,34 @@ DataConfig get_data(ByteReader& r) {
 void put_int_vec(ByteWriter& w, const std::vector<int32_t>& v) { w.put_vector(v); }
 
 // Each payload's fields, in one order for writing and reading: io(field) is called for every field.
-template <typename Io>
-void payload_fields(ComputeArgs& a, Io&& io) {
-  for (int32_t* x : {&a.segment, &a.sample_offset, &a.samples, &a.in, &a.out, &a.stash, &a.wstash, &a.dout, &a.din,
-                     &a.link})
-    io(*x);
-  io(a.loss_scale);
-  io(a.pbuf);
-  io(a.gbuf);
-  io(a.overwrite);
+template <typename Io, typename... Fields>
+void fields(Io& io, Fields&... f) {
+  (io(f), ...);
 }
 template <typename Io>
-void payload_fields(UpdateArgs& a, Io&& io) {
-  for (int32_t* x : {&a.bucket, &a.buf, &a.src, &a.m, &a.v}) io(*x);
-  io(a.flags);
-  for (int64_t* x : {&a.offset, &a.src_offset, &a.count}) io(*x);
+void payload_fields(ComputeArgs& a, Io io) {
+  fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.wstash, a.dout, a.din, a.link, a.loss_scale,
+         a.pbuf, a.gbuf, a.overwrite);
 }
 template <typename Io>
-void payload_fields(MessageArgs& a, Io&& io) {
-  for (int32_t* x : {&a.peer_set, &a.tag, &a.buf}) io(*x);
-  for (int64_t* x : {&a.offset, &a.count}) io(*x);
+void payload_fields(UpdateArgs& a, Io io) {
+  fields(io, a.bucket, a.buf, a.src, a.m, a.v, a.flags, a.offset, a.src_offset, a.count);
 }
 template <typename Io>
-void payload_fields(CollectiveArgs& a, Io&& io) {
-  for (int32_t* x : {&a.bucket, &a.group, &a.buf, &a.src, &a.tmp}) io(*x);
-  io(a.flags);
-  for (int64_t* x : {&a.offset, &a.src_offset, &a.count}) io(*x);
+void payload_fields(MessageArgs& a, Io io) {
+  fields(io, a.peer_set, a.tag, a.buf, a.offset, a.count);
 }
 template <typename Io>
-void payload_fields(AllToAllArgs& a, Io&& io) {
-  for (int32_t* x : {&a.group, &a.buf, &a.src, &a.parts, &a.row_width}) io(*x);
-  io(a.rows);
+void payload_fields(CollectiveArgs& a, Io io) {
+  fields(io, a.bucket, a.group, a.buf, a.src, a.tmp, a.flags, a.offset, a.src_offset, a.count);
 }
 template <typename Io>
-void payload_fields(StepSyncArgs& a, Io&& io) {
-  io(a.group);
-  io(a.spans);
+void payload_fields(AllToAllArgs& a, Io io) {
+  fields(io, a.group, a.buf, a.src, a.parts, a.row_width, a.rows);
+}
+template <typename Io>
+void payload_fields(StepSyncArgs& a, Io io) {
+  fields(io, a.group, a.spans);
 }
 
 struct FieldWriter {

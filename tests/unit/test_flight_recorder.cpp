@@ -56,10 +56,9 @@ TEST_CASE("flight report: names each stream's unfinished instruction, what it wa
   p.streams = {"compute", "dp"};
   p.groups = {GroupRef{GroupRef::Kind::DeviceSet, {0}, "dp"}};
   Instr update(Op::Update), reduce(Op::AllReduce), sync(Op::StepSync);
-  update.update().bucket = 0;
+  std::get<UpdateArgs>(update.args).bucket = 0;
   reduce.stream = 1;
-  reduce.collective().bucket = 0;
-  reduce.collective().group = 0;
+  reduce.args = CollectiveArgs{.bucket = 0, .group = 0};
   sync.waits = {1};
   p.instrs = {update, reduce, sync};
   FlightRecorder compute, dp;

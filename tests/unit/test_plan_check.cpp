@@ -132,9 +132,9 @@ TEST_CASE("the plan check names each kind of corruption", "[plan]") {
     CHECK(has(e, "corrupt plan: "));
     CHECK(has(e, message));
   };
-  expect("a buffer index past the table", [](Plan& p) { first(p, Op::Recv).message().buf = int32_t(p.buffers.size()); },
+  expect("a buffer index past the table", [](Plan& p) { std::get<MessageArgs>(first(p, Op::Recv).args).buf = int32_t(p.buffers.size()); },
          "buffer " + std::to_string(good.buffers.size()) + " out of range");
-  expect("no stash", [](Plan& p) { first(p, Op::Forward).compute().stash = -1; }, "stash -1 out of range");
+  expect("no stash", [](Plan& p) { std::get<ComputeArgs>(first(p, Op::Forward).args).stash = -1; }, "stash -1 out of range");
   expect("a wait for a later instruction", [](Plan& p) { p.instrs[0].waits = {3}; },
          "waits for instruction 3, not an earlier one");
   expect("a use count that would free a buffer early", [](Plan& p) {
@@ -142,10 +142,10 @@ TEST_CASE("the plan check names each kind of corruption", "[plan]") {
       if (!b.persistent) { ++b.uses; break; }
   }, "counted");
   expect("a message longer than its buffer", [](Plan& p) {
-    MessageArgs& in = first(p, Op::Send).message();
+    MessageArgs& in = std::get<MessageArgs>(first(p, Op::Send).args);
     in.count = int64_t(p.buffers[size_t(in.buf)].bytes / 4) + 1;
   }, "is too small for floats");
-  expect("a gather into too small a buffer", [](Plan& p) { first(p, Op::AllGather).collective().count *= 2; },
+  expect("a gather into too small a buffer", [](Plan& p) { std::get<CollectiveArgs>(first(p, Op::AllGather).args).count *= 2; },
          "gathered buffer");
   expect("a send carrying a collective's payload", [](Plan& p) { first(p, Op::Send).args = CollectiveArgs{}; },
          "a payload of another kind than its op");
@@ -168,7 +168,7 @@ TEST_CASE("the plan check names each kind of corruption", "[plan]") {
          "dimensions a job file could not have");
   expect("data of another sequence length", [](Plan& p) { p.data.seq_len += 1; }, "data settings differ");
   expect("a log interval of 0", [](Plan& p) { p.log_every = 0; }, "log_every");
-  expect("more samples than the replica has", [](Plan& p) { first(p, Op::Forward).compute().sample_offset = p.samples_per_replica; },
+  expect("more samples than the replica has", [](Plan& p) { std::get<ComputeArgs>(first(p, Op::Forward).args).sample_offset = p.samples_per_replica; },
          "outside the replica's");
 }
 

@@ -202,7 +202,7 @@ TEST_CASE("a crossed order on one stage of a 4,096-rank job is found", "[verify]
   for (Instr& in : p.instrs)
     if (in.op == Op::Send && in.message().peer_set == 8) sends.push_back(&in);
   REQUIRE(sends.size() >= 2);
-  std::swap(sends[0]->message().tag, sends[1]->message().tag);
+  std::swap(std::get<MessageArgs>(sends[0]->args).tag, std::get<MessageArgs>(sends[1]->args).tag);
   std::string e = user_error_of([&] { simulate_plans(r.bodies, r.cost, {}); });
   INFO(e);
   CHECK(e.find("transfer in different orders") != std::string::npos);

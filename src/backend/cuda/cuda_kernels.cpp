@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/cuda_launch.hpp"
@@ -151,40 +152,44 @@ void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, 
   cuda::column_sums(db, dy, N, OC, accumulate, partial, t.stream.stream());  // db(OC) (+)= Σ_rows dy
 }
 
+namespace {
+
+// One GEMM per group of `groups` that has work, as `problem(g)` writes it, launched together.
+template <typename Problem>
+void run_grouped(CudaStream& stream, const LinearGroup* groups, int count, Problem&& problem) {
+  std::vector<GemmProblem> problems;
+  for (int i = 0; i < count; ++i)
+    if (std::optional<GemmProblem> p = problem(groups[i])) problems.push_back(*p);
+  gemm_grouped(stream, problems);
+}
+
+}  // namespace
+
 void CudaKernels::linear_forward_grouped(const LinearGroup* groups, int count) {
   Target t = target();
-  std::vector<GemmProblem> problems;
-  for (int i = 0; i < count; ++i) {
-    const LinearGroup& g = groups[i];
-    if (g.N <= 0 || g.OC <= 0) continue;
+  run_grouped(t.stream, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
+    if (g.N <= 0 || g.OC <= 0) return std::nullopt;
     // y(N,OC) = x(N,C) · w(OC,C)^T
-    problems.push_back({false, true, g.N, g.OC, g.C, g.a, g.b, g.C, g.C, g.out, g.OC, 0.f});
-  }
-  gemm_grouped(t.stream, problems);
+    return GemmProblem{false, true, g.N, g.OC, g.C, g.a, g.b, g.C, g.C, g.out, g.OC, 0.f};
+  });
 }
 
 void CudaKernels::linear_backward_input_grouped(const LinearGroup* groups, int count) {
   Target t = target();
-  std::vector<GemmProblem> problems;
-  for (int i = 0; i < count; ++i) {
-    const LinearGroup& g = groups[i];
-    if (g.N <= 0 || g.C <= 0) continue;
+  run_grouped(t.stream, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
+    if (g.N <= 0 || g.C <= 0) return std::nullopt;
     // dx(N,C) (+)= dy(N,OC) · w(OC,C)
-    problems.push_back({false, false, g.N, g.C, g.OC, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f});
-  }
-  gemm_grouped(t.stream, problems);
+    return GemmProblem{false, false, g.N, g.C, g.OC, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f};
+  });
 }
 
 void CudaKernels::linear_backward_weight_grouped(const LinearGroup* groups, int count) {
   Target t = target();
-  std::vector<GemmProblem> problems;
-  for (int i = 0; i < count; ++i) {
-    const LinearGroup& g = groups[i];
-    if (g.OC <= 0 || g.C <= 0) continue;
+  run_grouped(t.stream, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
+    if (g.OC <= 0 || g.C <= 0) return std::nullopt;
     // dw(OC,C) (+)= dy(N,OC)^T · x(N,C)
-    problems.push_back({true, false, g.OC, g.C, g.N, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f});
-  }
-  gemm_grouped(t.stream, problems);
+    return GemmProblem{true, false, g.OC, g.C, g.N, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f};
+  });
 }
 
 void CudaKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
