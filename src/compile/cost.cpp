@@ -32,18 +32,16 @@ std::string CostModel::describe() const {
 
 double CostModel::seconds(const Plan& p, const Instr& in, int group_size, double share) const {
   const OpInfo& op = op_info(in.op);
-  switch (op.kind) {
-    case OpKind::Compute: {
+  switch (op.cost) {
+    case CostRule::Flops: {
       if (uniform) return op.flops_factor * share;
       const ComputeArgs& c = in.compute();
       return p.segments[size_t(c.segment)].fwd_flops_per_sample * c.samples * op.flops_factor / flops;
     }
-    case OpKind::Update: return uniform ? 0.0 : double(in.update().count) * 4 * sizeof(float) / memory_bandwidth;
-    case OpKind::StepSync: return uniform ? 0.0 : latency;
-    case OpKind::PointToPoint:
-      return uniform ? 0.0 : latency + double(in.message().count) * sizeof(float) / p2p_bandwidth;
-    case OpKind::Collective:
-    case OpKind::AllToAll:
+    case CostRule::MemoryPasses: return uniform ? 0.0 : double(in.update().count) * 4 * sizeof(float) / memory_bandwidth;
+    case CostRule::Latency: return uniform ? 0.0 : latency;
+    case CostRule::Message: return uniform ? 0.0 : latency + double(in.message().count) * sizeof(float) / p2p_bandwidth;
+    case CostRule::Collective:
       if (uniform || group_size <= 1) return 0.0;
       return latency * (group_size - 1) + instr_send_bytes(in, group_size) / collective_bandwidth;
   }

@@ -55,6 +55,15 @@ enum class SendRule : uint8_t {
   RowsBound,      // (n-1)/n · rows · count floats: a bound on counted rows of width count
 };
 
+// How the cost model prices an instruction (CostModel::seconds).
+enum class CostRule : uint8_t {
+  Flops,         // the segment's forward FLOPs × flops_factor at the device's rate
+  MemoryPasses,  // four passes over count floats (parameters, gradients, two moments) at memory bandwidth
+  Latency,       // one latency (a handful of scalars)
+  Message,       // latency + count floats at point-to-point bandwidth
+  Collective,    // latency per peer + the bytes sent (SendRule) at collective bandwidth
+};
+
 struct OpInfo {
   Op op;
   const char* name;         // as plans print it: "forward"
@@ -65,36 +74,41 @@ struct OpInfo {
   SendRule send;
   double flops_factor;      // compute: FLOPs as a multiple of the segment's forward (cost model)
   const char* trace_category;
+  CostRule cost;
 };
 
 inline constexpr uint32_t kComputeLink = kOperandLink;  // every compute pass reads and writes a linked stash
 
 inline constexpr OpInfo kOpTable[] = {
     {Op::Forward, "forward", "F", OpKind::Compute, false, kComputeLink | kOperandIn | kOperandParams,
-     kComputeLink | kOperandOut | kOperandStash, SendRule::None, 1.0, "compute"},
+     kComputeLink | kOperandOut | kOperandStash, SendRule::None, 1.0, "compute", CostRule::Flops},
     // heads turn probabilities into logit gradients in place: the stash is written
     {Op::Backward, "backward", "B", OpKind::Compute, false, kComputeLink | kOperandIn | kOperandDout | kOperandParams,
-     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads, SendRule::None, 2.0, "compute"},
+     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads, SendRule::None, 2.0, "compute",
+     CostRule::Flops},
     {Op::BackwardInput, "backward_input", "BI", OpKind::Compute, false,
      kComputeLink | kOperandIn | kOperandDout | kOperandParams,
-     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads, SendRule::None, 1.0, "compute"},
+     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads, SendRule::None, 1.0, "compute",
+     CostRule::Flops},
     {Op::BackwardWeight, "backward_weight", "BW", OpKind::Compute, false,
      kComputeLink | kOperandIn | kOperandStash | kOperandDout | kOperandWStash, kComputeLink | kOperandGrads,
-     SendRule::None, 1.0, "compute"},
+     SendRule::None, 1.0, "compute", CostRule::Flops},
     {Op::Update, "update", "UPDATE", OpKind::Update, false, kOperandSrc, kOperandBuf | kOperandM | kOperandV,
-     SendRule::None, 0.0, "optimizer"},
-    {Op::Send, "send", "SEND", OpKind::PointToPoint, true, kOperandBuf, 0, SendRule::Message, 0.0, "p2p"},
-    {Op::Recv, "recv", "RECV", OpKind::PointToPoint, true, 0, kOperandBuf, SendRule::None, 0.0, "p2p"},
+     SendRule::None, 0.0, "optimizer", CostRule::MemoryPasses},
+    {Op::Send, "send", "SEND", OpKind::PointToPoint, true, kOperandBuf, 0, SendRule::Message, 0.0, "p2p",
+     CostRule::Message},
+    {Op::Recv, "recv", "RECV", OpKind::PointToPoint, true, 0, kOperandBuf, SendRule::None, 0.0, "p2p",
+     CostRule::Message},
     {Op::AllReduce, "all_reduce", "ALL_REDUCE", OpKind::Collective, true, 0, kOperandBuf, SendRule::RingAllReduce,
-     0.0, "collective"},
+     0.0, "collective", CostRule::Collective},
     {Op::ReduceScatter, "reduce_scatter", "REDUCE_SCATTER", OpKind::Collective, true, kOperandSrc,
-     kOperandBuf | kOperandTmp, SendRule::PerRankCount, 0.0, "collective"},
+     kOperandBuf | kOperandTmp, SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
     {Op::AllGather, "all_gather", "ALL_GATHER", OpKind::Collective, true, kOperandSrc, kOperandBuf,
-     SendRule::PerRankCount, 0.0, "collective"},
+     SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
     {Op::AllToAll, "all_to_all", "ALL_TO_ALL", OpKind::AllToAll, true, kOperandSrc, kOperandBuf, SendRule::RowsBound,
-     0.0, "collective"},
+     0.0, "collective", CostRule::Collective},
     {Op::StepSync, "step_sync", "STEP_SYNC", OpKind::StepSync, false, kOperandSpans, 0, SendRule::None, 0.0,
-     "optimizer"},
+     "optimizer", CostRule::Latency},
 };
 
 constexpr bool op_table_in_order() {

@@ -75,28 +75,32 @@ int32_t Instr::bucket() const {
   return -1;
 }
 
-std::string instr_label(const Plan& p, const Instr& in) {
-  const OpInfo& op = op_info(in.op);
-  auto buffer = [&](int32_t b) { return b >= 0 ? p.buffers[size_t(b)].name : std::string("?"); };
-  switch (op.kind) {
-    case OpKind::Compute: {
-      const int32_t seg = in.compute().segment;
-      return cat(op.label, " ", seg >= 0 ? p.segments[size_t(seg)].name : std::string(), " mb", in.mb);
-    }
-    case OpKind::Update: return cat(op.label, " bucket", in.update().bucket);
-    case OpKind::StepSync: return op.label;
-    case OpKind::PointToPoint: {
-      const MessageArgs& m = in.message();
-      return cat(op.label, " ", buffer(m.buf), in.op == Op::Send ? " -> rank " : " <- rank ", p.peer_rank(m.peer_set));
-    }
-    case OpKind::Collective: {
-      const CollectiveArgs& c = in.collective();
-      if (in.op == Op::AllReduce) return cat(op.label, " bucket", c.bucket, " ", p.groups[size_t(c.group)].str());
-      return cat(op.label, " bucket", c.bucket, in.op == Op::ReduceScatter && in.mb >= 0 ? cat(" mb", in.mb) : "");
-    }
-    case OpKind::AllToAll: return cat(op.label, " ", buffer(in.all_to_all().src), " -> ", buffer(in.all_to_all().buf));
+namespace {
+
+// The label of each payload kind after the op's own ("F", "SEND", ...).
+struct InstrLabel {
+  const Plan& p;
+  const Instr& in;
+  std::string buffer(int32_t b) const { return b >= 0 ? p.buffers[size_t(b)].name : std::string("?"); }
+  std::string operator()(const ComputeArgs& a) const {
+    return cat(" ", a.segment >= 0 ? p.segments[size_t(a.segment)].name : std::string(), " mb", in.mb);
   }
-  return "?";
+  std::string operator()(const UpdateArgs& a) const { return cat(" bucket", a.bucket); }
+  std::string operator()(const StepSyncArgs&) const { return ""; }
+  std::string operator()(const MessageArgs& a) const {
+    return cat(" ", buffer(a.buf), in.op == Op::Send ? " -> rank " : " <- rank ", p.peer_rank(a.peer_set));
+  }
+  std::string operator()(const CollectiveArgs& a) const {
+    if (in.op == Op::AllReduce) return cat(" bucket", a.bucket, " ", p.groups[size_t(a.group)].str());
+    return cat(" bucket", a.bucket, in.op == Op::ReduceScatter && in.mb >= 0 ? cat(" mb", in.mb) : "");
+  }
+  std::string operator()(const AllToAllArgs& a) const { return cat(" ", buffer(a.src), " -> ", buffer(a.buf)); }
+};
+
+}  // namespace
+
+std::string instr_label(const Plan& p, const Instr& in) {
+  return op_info(in.op).label + std::visit(InstrLabel{p, in}, in.args);
 }
 
 namespace {
