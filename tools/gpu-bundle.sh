@@ -108,6 +108,18 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_6
   [ -d "$d" ] && cuda_libs="$cuda_libs:$d"
 done
 export LD_LIBRARY_PATH="$B/lib:$B/lib/x86_64-linux-gnu/openmpi/lib${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# A processor newer than the bundled OpenBLAS gets its pre-AVX kernels (an Intel Xeon of model 207 ran sgemm at
+# 1/4 speed as "Katmai"): unless OPENBLAS_CORETYPE is set, name the nearest core it knows, as piper's warning says.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
+  core=$(python3 -c 'import ctypes, sys
+l = ctypes.CDLL(sys.argv[1]); l.openblas_get_corename.restype = ctypes.c_char_p
+print(l.openblas_get_corename().decode().lower())' "$B/lib/libopenblas.so.0" 2>/dev/null)
+  case $core in
+    haswell | zen | skylakex | cooperlake | sapphirerapids | "") ;;
+    *) if grep -qw avx512bw /proc/cpuinfo; then export OPENBLAS_CORETYPE=SKYLAKEX; else export OPENBLAS_CORETYPE=HASWELL; fi
+       echo "env.sh: OpenBLAS does not know this processor ('$core' kernels): OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE" >&2 ;;
+  esac
+fi
 ENV
 
 # CPU reference losses for tools/gpu-check.sh, with the bundle's own piper and libraries, so that the GPU

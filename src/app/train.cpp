@@ -21,6 +21,7 @@
 #include "app/stop_signals.hpp"
 #include "app/trace_file.hpp"
 #include "backend/backend.hpp"
+#include "backend/cpu/blas_core.hpp"
 #include "backend/profiling_kernels.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "model/segment_type.hpp"
@@ -153,6 +154,10 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   int local_rank = 0;
   const int threads = resolve_threads(plan.threads, world, &local_rank);
   std::unique_ptr<Backend> backend = make_backend(plan.backend, threads, local_rank);
+  if (rank == 0 && plan.backend == "cpu") {
+    const std::string blas = blas_core_warning();
+    if (!blas.empty()) std::fprintf(stderr, "piper: warning: %s\n", blas.c_str());
+  }
   std::unique_ptr<ProfilingKernels> profiler;
   if (opts.profile) profiler = std::make_unique<ProfilingKernels>(backend->kernels());
   Executor ex(plan, *backend, world, profiler.get());

@@ -2,12 +2,17 @@
 // every backward against central finite differences of L = Σ w_out·y, accumulate/overwrite semantics,
 // the AdamW update against torch.optim.AdamW's formula, each with 1 and with 2 threads.
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
 
+#include "backend/cpu/blas_core.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "test_util.hpp"
 
 using namespace piper;
 using namespace piper::test;
+
+extern "C" char* openblas_get_corename(void);
 
 namespace {
 
@@ -657,4 +662,21 @@ TEST_CASE("sgemm_parallel gives the product whichever way it splits the work", "
             std::vector<float> reff(ref.begin(), ref.end());
             CHECK_CLOSE(C, reff, 2e-4, 2e-5, "sgemm_parallel");
           }
+}
+
+TEST_CASE("the OpenBLAS core check names the core OpenBLAS picked, and is quiet once OPENBLAS_CORETYPE is set",
+          "[kernels]") {
+  const char* preset = std::getenv("OPENBLAS_CORETYPE");
+  const std::string kept = preset ? preset : "";
+  ::setenv("OPENBLAS_CORETYPE", "HASWELL", 1);
+  CHECK(blas_core_warning().empty());
+  ::unsetenv("OPENBLAS_CORETYPE");
+  const std::string warning = blas_core_warning();
+  if (preset) ::setenv("OPENBLAS_CORETYPE", kept.c_str(), 1);
+  // On this processor OpenBLAS either runs vector kernels (no warning) or not: then the warning names its core
+  // and the OPENBLAS_CORETYPE to set.
+  if (!warning.empty()) {
+    CHECK(warning.find(std::string("'") + openblas_get_corename() + "'") != std::string::npos);
+    CHECK(warning.find("OPENBLAS_CORETYPE=") != std::string::npos);
+  }
 }
