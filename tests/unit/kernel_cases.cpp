@@ -164,7 +164,7 @@ void grouped_linear_cases(std::vector<KernelCase>& cases) {
     t["w"] = f32(uniform(gen, size_t(groups) * DE * C));
     t["y"] = f32(std::vector<float>(size_t(rows) * DE));
     t["dx"] = f32(uniform(gen, size_t(rows) * C));
-    t["dw"] = f32(uniform(gen, size_t(groups) * DE * C));
+    for (int e = 0; e < groups; ++e) t["dw" + std::to_string(e)] = f32(uniform(gen, size_t(DE) * C));
     return t;
   };
   const size_t wsz = size_t(DE) * C;
@@ -194,6 +194,9 @@ void grouped_linear_cases(std::vector<KernelCase>& cases) {
                        },
                    .outs = {{"dx", 1e-4}},
                    .threads_rtol = 1e-4});
+  // each expert's dw on its own, so that each is judged against its own scale (one has a single row)
+  std::vector<Out> dw_outs;
+  for (int e = 0; e < groups; ++e) dw_outs.push_back({"dw" + std::to_string(e), 1e-4});
   for (bool acc : {false, true})  // dw(DE,C) (+)= dyᵀ · x per expert; expert 3 also gets expert 0's rows
     cases.push_back({.name = std::string("linear_backward_weight_grouped ") + (acc ? "accumulate" : "write"),
                      .make = start,
@@ -201,12 +204,12 @@ void grouped_linear_cases(std::vector<KernelCase>& cases) {
                          [=](Kernels& k, Buffers& b) {
                            std::vector<LinearGroup> g;
                            for (int e = 0, at = 0; e < groups; at += counts[size_t(e)], ++e)
-                             g.push_back({b.f("dw") + e * wsz, b.f("dy") + size_t(at) * DE, b.f("x") + size_t(at) * C,
-                                          counts[size_t(e)], C, DE, acc});
-                           g.push_back({b.f("dw") + 3 * wsz, b.f("dy"), b.f("x"), counts[0], C, DE, true});
+                             g.push_back({b.f("dw" + std::to_string(e)), b.f("dy") + size_t(at) * DE,
+                                          b.f("x") + size_t(at) * C, counts[size_t(e)], C, DE, acc});
+                           g.push_back({b.f("dw3"), b.f("dy"), b.f("x"), counts[0], C, DE, true});
                            k.linear_backward_weight_grouped(g.data(), int(g.size()));
                          },
-                     .outs = {{"dw", 1e-4}},
+                     .outs = dw_outs,
                      .threads_rtol = 1e-4});
 }
 

@@ -4,20 +4,13 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
-#include <algorithm>
 #include <catch2/catch.hpp>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "backend/cpu/cpu_kernels.hpp"
 #include "kernel_harness.hpp"
 
 using namespace piper;
