@@ -80,6 +80,7 @@ TEST_CASE("cuda: every kernel case matches the CPU, and repeats its bits where i
     for (const test::Out& o : c.outs)
       test::check_close(got.at(o.tensor), want.at(o.tensor), o.rtol_cuda,
                         c.name + (c.outs.size() > 1 ? " " + o.tensor : std::string()), o.min_scale, "cuda-vs-cpu");
+    test::check_twins_and_property(*gpu, c, start, got, "cuda", c.cuda_repeatable);
     if (!c.cuda_repeatable) continue;
     test::Tensors again = test::run_case(*gpu, c, start);
     for (const test::Out& o : c.outs) {

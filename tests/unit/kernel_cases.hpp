@@ -1,0 +1,39 @@
+// What the files of the kernel case table share: each adds its family's rows (kernel_cases_*.cpp), and these
+// helpers name shapes, make the saved tensors of a backward on the CPU, and build double references.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.hpp"
+#include "kernel_harness.hpp"
+
+namespace piper::test {
+
+void add_gpt2_cases(std::vector<KernelCase>& cases);         // linear, GELU, layernorm, attention, embedding, loss
+void add_qwen3_cases(std::vector<KernelCase>& cases);        // RMSNorm, RoPE, SwiGLU, token embedding, GQA
+void add_moe_cases(std::vector<KernelCase>& cases);          // grouped linear, gather, combine, rows_dot
+void add_elementwise_cases(std::vector<KernelCase>& cases);  // add, fill, copy, sum of squares, AdamW
+
+// "N=70 C=96"
+std::string dims(std::initializer_list<std::pair<const char*, long>> d);
+
+// The CPU kernels (one thread) that make a backward case's saved tensors (the forward's statistics), so that
+// every backend differentiates at the same point.
+CpuKernels& host();
+
+HostTensor as_f32(const std::vector<double>& v);
+std::vector<float> filled(size_t n, float v);  // the start of an output that must be written, not read
+double dot(const std::vector<float>& a, const std::vector<double>& b);
+std::vector<double> add_prior(std::vector<double> v, const std::vector<float>& prior, bool accumulate);
+
+// The twin of an accumulating call: the same call overwriting scratch, then accumulate() into each output.
+// `overwrite` gets the scratch pointers in the order of `outs` (name, floats).
+Twin overwrite_then_add(std::vector<std::pair<std::string, size_t>> outs,
+                        std::function<void(Kernels&, Buffers&, const std::vector<float*>&)> overwrite,
+                        double rtol = 1e-5);
+
+}  // namespace piper::test
