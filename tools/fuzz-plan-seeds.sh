@@ -31,5 +31,6 @@ seed dp2 2 dp2
 seed qwen3-small 1 qwen3-small
 seed pp2-1f1b 2 pp2-1f1b
 seed moe-ep2-dp2 2 moe-ep2-dp2
+seed moe-ep2-dp4-zero3 4 moe-ep2-dp4 --set mesh.zero=3
 seed pp2-dp2-zero3 4 pp2-dp2 --set directive.3.zero=3 --set directive.0.count=2
 ls -l "$out"

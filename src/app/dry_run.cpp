@@ -40,7 +40,8 @@ std::string directive_text(const Directive& d, bool full) {
     s += cat(" filter = ", d.filter.str(), ", zero = ", d.zero, ", bucket_mb = ", d.bucket_mb,
              ", grad_buckets_in_flight = ", d.grad_buckets_in_flight, ", stream = \"", d.stream, "\"");
   } else if (d.op == "shard") {
-    s += cat(" filter = ", d.filter.str(), ", stream = \"", d.stream, "\"");
+    s += cat(" filter = ", d.filter.str(), d.group > 0 ? cat(", group = ", d.group) : std::string(), ", stream = \"",
+             d.stream, "\"");
   } else if (d.op == "schedule") {
     s += cat(" kind = \"", d.kind, "\"");
   } else if (d.op == "order") {
@@ -134,7 +135,7 @@ void print_summary(const JobSpec& spec, const CompileResult& result, const DryRu
     std::printf("routed rows: %s holds up to %zu rows per microbatch (%s%s)\n", facts.routed.segment.c_str(),
                 facts.routed.rows,
                 facts.routed.capacity ? "the capacity of every expert" : "the worst case, dropless",
-                facts.routed.shards > 1 ? cat(", from all ", facts.routed.shards, " ranks of its set").c_str() : "");
+                facts.routed.shards > 1 ? cat(", from the ", facts.routed.shards, " ranks of its expert group").c_str() : "");
   std::printf("graph: %zu nodes\n", g.live_nodes());
   std::printf("%5s %8s %13s %12s %14s   peak by kind (MiB): params grads optim activations comm workspace\n", "set",
               "ranks", "instructions", "plan bytes", "est. peak MiB");

@@ -98,11 +98,15 @@ ReplicaCheck check_replicas(Executor& ex, MPI_Comm world) {
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const PlanBucket& pb = plan.buckets[b];
     if (!pb.shard_params) continue;
+    // the replicas holding this rank's slice (the whole set when the bucket is not sliced)
+    MPI_Comm group_comm;
+    MPI_CHECK(MPI_Comm_split(set_comm, slice_of(pb, plan.replica), index_in_group(pb, plan.replica), &group_comm));
     const int64_t count = shard_elements(pb);
     shard.resize(size_t(count));
     k.download(shard.data(), ex.bucket_ptr(pb.param_shard_buf, 0), size_t(count) * sizeof(float));
     gathered[b].resize(size_t(pb.padded));
-    MPI_CHECK(MPI_Allgather(shard.data(), int(count), MPI_FLOAT, gathered[b].data(), int(count), MPI_FLOAT, set_comm));
+    MPI_CHECK(MPI_Allgather(shard.data(), int(count), MPI_FLOAT, gathered[b].data(), int(count), MPI_FLOAT, group_comm));
+    MPI_Comm_free(&group_comm);
   }
   MPI_Comm_free(&set_comm);
   // (model parameter, hash) of every parameter this rank holds or has just gathered in full
@@ -111,11 +115,14 @@ ReplicaCheck check_replicas(Executor& ex, MPI_Comm world) {
   for (const auto& pp : plan.plan_params) {
     const PlanBucket& pb = plan.buckets[size_t(pp.bucket)];
     const int64_t n = plan.params[size_t(pp.model_param)].numel;
+    const BucketRange slice = owned_range(pb, plan.replica, false);  // what this rank holds of the bucket
+    if (pp.offset < slice.lo || pp.offset >= slice.hi) continue;
+    const int64_t at = pp.offset - slice.lo;
     host.resize(size_t(n));
     if (pb.shard_params)
-      std::copy_n(gathered[size_t(pp.bucket)].begin() + pp.offset, n, host.begin());
+      std::copy_n(gathered[size_t(pp.bucket)].begin() + at, n, host.begin());
     else
-      k.download(host.data(), ex.bucket_ptr(pb.param_buf, pp.offset), size_t(n) * sizeof(float));
+      k.download(host.data(), ex.bucket_ptr(pb.param_buf, at), size_t(n) * sizeof(float));
     mine.push_back(uint64_t(pp.model_param));
     mine.push_back(fnv1a(host.data(), host.size() * sizeof(float)));
   }

@@ -94,12 +94,14 @@ std::vector<Piece> owned_pieces(const StateView& state) {
     const PlanBucket& pb = plan.buckets[b];
     if (pb.tied_copy) continue;
     // Each replica saves its shard's share, sharded or not: the ranks split the writing.
+    // (of a sliced bucket: the replicas holding the same slice split its writing)
     const BucketRange owned = owned_range(pb, plan.replica, true);
+    const int64_t base = slice_begin(pb, plan.replica);  // where the bucket's full buffers start here
     for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& p) {
       const int64_t a = p.begin, lo = owned.lo;
       Piece piece{p.pp->model_param, p.param_begin(), p.count(), {nullptr, nullptr, nullptr}};
-      piece.src[0] = pb.shard_params ? state.at(pb.param_shard_buf, a - lo) : state.at(pb.param_buf, a);
-      const int64_t opt_at = pb.shard_optimizer ? a - lo : a;
+      piece.src[0] = pb.shard_params ? state.at(pb.param_shard_buf, a - lo) : state.at(pb.param_buf, a - base);
+      const int64_t opt_at = pb.shard_optimizer ? a - lo : a - base;
       piece.src[1] = state.at(pb.m_buf, opt_at);
       piece.src[2] = state.at(pb.v_buf, opt_at);
       out.push_back(piece);

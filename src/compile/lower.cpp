@@ -163,9 +163,17 @@ class Lowerer {
   }
 
   // ---------------------------------------------------------------- buckets and parameters
+  // Ranks of an expert group over which a sharded region's buckets are sliced (1: not sliced).
+  int slices_of(const Region& r) const { return r.shard_directive >= 0 && n_ > 1 ? std::max(1, r.shard_group) : 1; }
+  // Replicated: more than one rank holds the same parameters (the set, or the copies of one expert slice).
   bool replicated(const Bucket& b) const {
     const Region& r = g_.regions[size_t(b.region)];
-    return r.zero >= 0 && n_ > 1;
+    return r.zero >= 0 && n_ / slices_of(r) > 1;
+  }
+  // The group of a bucket's replicas: the whole set, or the replicas holding the same slice.
+  GroupRef replica_group(const PlanBucket& pb, const std::string& stream) const {
+    if (pb.slices > 1) return {GroupRef::Kind::SetStride, {set_, pb.slices}, stream};
+    return {GroupRef::Kind::DeviceSet, {set_}, stream};
   }
 
   void make_buckets() {
@@ -178,21 +186,19 @@ class Lowerer {
       pb.region = b.region;
       pb.numel = b.numel;
       pb.tied_copy = b.tied_copy;
+      // sharded: each rank holds, computes and updates only its slice (whole experts), reduced over the copies
+      pb.slices = slices_of(r);
+      PIPER_CHECK(b.numel % pb.slices == 0, "sharded bucket ", gb, " of ", b.numel, " parameters in ", pb.slices,
+                  " slices");
+      const int64_t numel = pb.slice_numel();
       pb.zero = replicated(b) ? r.zero : -1;
-      pb.group_size = replicated(b) ? n_ : 1;
-      pb.padded = (b.numel + pb.group_size - 1) / pb.group_size * pb.group_size;
+      pb.group_size = replicated(b) ? n_ / pb.slices : 1;
+      pb.padded = (numel + pb.group_size - 1) / pb.group_size * pb.group_size;
       if (replicated(b)) {
-        pb.group = group_id({GroupRef::Kind::DeviceSet, {set_}, r.dp_stream});
+        pb.group = group_id(replica_group(pb, r.dp_stream));
         pb.shard_optimizer = r.zero >= 1;
         pb.shard_grads = r.zero >= 2;
         pb.shard_params = r.zero >= 3;
-      } else if (r.shard_directive >= 0 && n_ > 1) {
-        // sharded: each rank holds, computes and updates only its slice (whole experts); nothing is reduced
-        pb.group_size = n_;
-        pb.padded = b.numel;
-        PIPER_CHECK(b.numel % n_ == 0, "sharded bucket ", gb, " of ", b.numel, " parameters over ", n_, " ranks");
-        pb.zero = 3;
-        pb.owned_slices = pb.shard_optimizer = pb.shard_grads = pb.shard_params = true;
       }
       const uint64_t full = uint64_t(pb.padded) * sizeof(float);
       const uint64_t shard = full / uint64_t(pb.group_size);
@@ -206,7 +212,7 @@ class Lowerer {
         pb.grad_shard_buf = new_buffer(shard, BufferKind::Grad, true, nm + ".grad_shard");
       } else {
         pb.grad_buf = new_buffer(full, BufferKind::Grad, true, nm + ".grad");
-        p_.buffers[size_t(pb.grad_buf)].zero_from = uint64_t(b.numel) * sizeof(float);
+        p_.buffers[size_t(pb.grad_buf)].zero_from = uint64_t(numel) * sizeof(float);
       }
       const uint64_t opt = pb.shard_optimizer ? shard : full;
       pb.m_buf = new_buffer(opt, BufferKind::OptState, true, nm + ".adam_m");
@@ -264,17 +270,15 @@ class Lowerer {
   int grad_target(int gb, int mb) {
     const PlanBucket& pb = plan_bucket(gb);
     if (!pb.shard_grads) return pb.grad_buf;
-    if (pb.owned_slices) return pb.grad_shard_buf;
     int id = keyed_buffer('G', gb, mb, uint64_t(pb.padded) * sizeof(float), BufferKind::Grad,
                           cat("bucket", gb, ".grad.mb", mb));
-    p_.buffers[size_t(id)].zero_from = uint64_t(pb.numel) * sizeof(float);
+    p_.buffers[size_t(id)].zero_from = uint64_t(pb.slice_numel()) * sizeof(float);
     return id;
   }
 
   int param_source(int gb, size_t op_index) {
     const PlanBucket& pb = plan_bucket(gb);
     if (!pb.shard_params) return pb.param_buf;
-    if (pb.owned_slices) return pb.param_shard_buf;
     auto it = instance_for_op_.find({op_index, gb});
     PIPER_CHECK(it != instance_for_op_.end(), "no parameter gather for bucket ", gb, " before op ", op_index);
     return it->second;
@@ -417,7 +421,7 @@ class Lowerer {
     if (g_.nodes[size_t(op.node)].kind == NodeKind::BW) return;  // weight gradients never read the weights
     for (int param : segs_[size_t(op.segment)].params) {
       int gb = graph_bucket_of_param(param);
-      if (!plan_bucket(gb).shard_params || plan_bucket(gb).owned_slices || instance_for_op_.count({op_index, gb}))
+      if (!plan_bucket(gb).shard_params || instance_for_op_.count({op_index, gb}))
         continue;
       auto cur = gathered_.find(gb);
       if (cur != gathered_.end() && cur->second.last + 1 >= op_index) {
@@ -502,7 +506,7 @@ class Lowerer {
         // previous one has been reduce-scattered.
         auto prev = last_reduce_scatter_.find(gb);
         if (plan_bucket(gb).shard_grads && prev != last_reduce_scatter_.end()) wait_for_reduce_scatter(instr, prev->second);
-        if (plan_bucket(gb).shard_grads && !plan_bucket(gb).owned_slices) limit_grad_buffers(instr, gb, gbuf);
+        if (plan_bucket(gb).shard_grads) limit_grad_buffers(instr, gb, gbuf);
       } else {
         in.gbuf.push_back(-1);
         in.overwrite.push_back(0);
@@ -577,7 +581,7 @@ class Lowerer {
       in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch"));
     } else {  // one microbatch's full gradients into the persistent shard
       last_reduce_scatter_[n.bucket] = int32_t(p_.instrs.size());
-      if (!pb.owned_slices) unwaited_reduce_scatters_.push_back(int32_t(p_.instrs.size()));
+      unwaited_reduce_scatters_.push_back(int32_t(p_.instrs.size()));
       in.src = grad_target(n.bucket, n.mb);
       in.buf = pb.grad_shard_buf;
       if (!shard_written_.insert(pb.grad_shard_buf).second) {
@@ -591,16 +595,18 @@ class Lowerer {
   void emit_all_to_all(const Node& n, AllToAllArgs& in) {
     const int boundary = n.tensor.index;
     const bool forward = n.tensor.kind == TensorRef::Kind::Act;
-    in.group = group_id({GroupRef::Kind::DeviceSet, {set_}, n.stream});
+    const Region& r = g_.regions[size_t(n.region)];
+    const int k = slices_of(r);  // the ranks of this rank's expert group
+    in.group = group_id(k < n_ ? GroupRef{GroupRef::Kind::SetBlock, {set_, k}, n.stream}
+                               : GroupRef{GroupRef::Kind::DeviceSet, {set_}, n.stream});
     in.src = forward ? act_buf(boundary, n.mb) : act_grad_buf(boundary, n.mb);
     in.buf = exchanged_buf(forward ? 'X' : 'Y', boundary, n.mb);
     // the layout of the sharded side's rows
-    const Region& r = g_.regions[size_t(n.region)];
     const SegmentSizes z = segment_sizes(segs_[size_t(r.seg_begin)], m_.dims, b_);
     PIPER_CHECK(z.ragged_parts > 0, "exchange at a segment without counted rows");
     in.parts = z.ragged_parts;
     in.row_width = z.ragged_width;
-    in.rows = int64_t((z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width))) / n_;
+    in.rows = int64_t((z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width))) / k;
   }
 
   void emit_all_gather(const Node& n, CollectiveArgs& in) {
@@ -608,7 +614,7 @@ class Lowerer {
     in.bucket = bucket_index_.at(n.bucket);
     in.count = shard_count(pb);
     if (pb.shard_params) {
-      in.group = group_id({GroupRef::Kind::DeviceSet, {set_}, n.stream});
+      in.group = group_id(replica_group(pb, n.stream));
       in.src = pb.param_shard_buf;
       in.buf = gather_target_;
     } else {
@@ -622,7 +628,7 @@ class Lowerer {
   Span owned_grads(const PlanBucket& pb) const {
     if (pb.zero < 0) return Span{pb.grad_buf, 0, pb.padded, false};
     if (pb.shard_grads) return Span{pb.grad_shard_buf, 0, shard_count(pb), false};
-    return Span{pb.grad_buf, 0, shard_count(pb), true};
+    return Span{pb.grad_buf, 0, shard_count(pb), true, pb.slices};
   }
 
   void emit_tie(const Node& n, Instr& instr) {
@@ -648,7 +654,7 @@ class Lowerer {
     for (const auto& pb : p_.buckets) {
       if (pb.tied_copy) continue;
       Span s = owned_grads(pb);
-      if (pb.zero == 0) s = Span{pb.grad_buf, 0, shard_count(pb), true};  // count each slice on one replica
+      if (pb.zero == 0) s = Span{pb.grad_buf, 0, shard_count(pb), true, pb.slices};  // each part on one replica
       in.spans.push_back(s);
     }
     p_.instrs.push_back(std::move(instr));

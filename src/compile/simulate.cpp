@@ -131,7 +131,9 @@ class Simulator {
         const bool collective = kind == OpKind::Collective || kind == OpKind::StepSync;
         if (!collective) continue;
         const GroupRef& g = b_[s].groups[size_t(in.group())];
-        if (g.kind == GroupRef::Kind::DeviceSet) continue;
+        if (g.kind == GroupRef::Kind::DeviceSet || g.kind == GroupRef::Kind::SetBlock ||
+            g.kind == GroupRef::Kind::SetStride)
+          continue;
         seq[g][int(s)].push_back({int(s), int32_t(i)});
       }
     for (const auto& [g, members] : seq) {

@@ -78,6 +78,7 @@ struct MeshSpec {
   int zero = 0;
   double bucket_mb = 25.0;
   int grad_buckets_in_flight = 2;
+  int ep = 1;            // ranks per expert group, inside each stage's dp ranks (1: no expert parallelism)
   std::string schedule;  // empty: default
   SourceLoc loc;
 };
@@ -87,7 +88,10 @@ struct Annotation {
   std::vector<std::pair<int, int>> layers;  // inclusive ranges, one per tag value 0,1,...
   // or inclusive ranges of segment names ("model.layers.3.mlp"), which may cut inside a layer
   std::vector<std::pair<std::string, std::string>> segments;
-  int values() const { return int(layers.empty() ? segments.size() : layers.size()); }
+  // or a pattern ("model.layers.*.mlp.experts", * any characters): a region, and a tag value, per matching
+  // segment in model order; or ([mesh] ep) every segment whose parameters can be sharded (experts)
+  std::string pattern;
+  bool expert_segments = false;
   int index = 0;
   SourceLoc loc;
 };
@@ -108,6 +112,8 @@ struct Directive {
   double bucket_mb = 25.0;
   int grad_buckets_in_flight = 2;  // zero >= 2: full-gradient buffers alive at once (waiting on reductions)
   std::string stream = "dp";
+  // shard (and its stream above)
+  int group = 0;  // ranks per expert group; 0: the whole device set
   // order
   std::vector<std::vector<Filter>> slots;
   // schedule

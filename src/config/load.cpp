@@ -256,6 +256,7 @@ void load_mesh(TomlReader& r, MeshSpec& m) {
   m.zero = int(r.get_int("zero", 0, 0, 3));
   m.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
   m.grad_buckets_in_flight = int(r.get_int("grad_buckets_in_flight", 2, 1, 1 << 20));
+  m.ep = int(r.get_int("ep", 1, 1, 1 << 24));
   m.schedule = r.get_string("schedule", "", kScheduleKinds);
   r.finish();
 }
@@ -296,11 +297,16 @@ void load_annotations(const toml::array& arr, JobSpec& spec, const LoadContext& 
     const toml::node* seg_node = r.get_node("segments");
     const toml::node* layers = r.get_node("layers");
     if (seg_node && layers) r.error_msg("segments", "give either layers or segments, not both");
-    if (seg_node) {
+    if (seg_node && seg_node->as_string()) {
+      // a pattern such as "model.layers.*.mlp.experts": a region per matching segment
+      a.pattern = seg_node->as_string()->get();
+      if (a.pattern.empty()) r.error("segments", "a pattern such as \"model.layers.*.mlp.experts\"", seg_node);
+    } else if (seg_node) {
       // [first, last] segment names, e.g. ["model.embed_tokens", "model.layers.3.self_attn"]; they are
       // resolved against the model when the graph is built
       const toml::array* sa = seg_node->as_array();
-      if (!sa || sa->empty()) r.error("segments", "a non-empty array of [first, last] segment-name ranges", seg_node);
+      if (!sa || sa->empty())
+        r.error("segments", "a non-empty array of [first, last] segment-name ranges, or a pattern string", seg_node);
       for (size_t i = 0; i < sa->size(); ++i) {
         const toml::node* rn = sa->get(i);
         const toml::array* ra = rn->as_array();
@@ -391,6 +397,7 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
     } else if (d.op == "shard") {
       d.filter = filter_or_all(true);
       d.stream = r.get_string("stream", "ep");
+      d.group = int(r.get_int("group", 0, 1, 1 << 24));
     } else if (d.op == "order") {
       const toml::node* fs = r.get_node("filters");
       const toml::array* fa = fs ? fs->as_array() : nullptr;

@@ -4,16 +4,56 @@
 #include <algorithm>
 
 #include "model/build.hpp"
+#include "model/segment_type.hpp"
 #include "util/error.hpp"
 
 namespace piper {
 
 namespace {
 
+// The model's segment names for a message: all of them when few, else the first and last ones.
+std::string segment_names(const Model& model) {
+  const int S = int(model.segments.size());
+  std::string names;
+  for (int s = 0; s < S; ++s) {
+    if (S > 12 && s == 6) {
+      names += ", ...";
+      s = S - 4;
+      continue;
+    }
+    names += cat(s ? ", " : "", "\"", model.segments[size_t(s)].name, "\"");
+  }
+  return names;
+}
+
+// `name` matches `pattern`, where * stands for any run of characters (none included).
+bool glob_match(const char* pattern, const char* name) {
+  if (*pattern == '\0') return *name == '\0';
+  if (*pattern == '*') return glob_match(pattern + 1, name) || (*name != '\0' && glob_match(pattern, name + 1));
+  return *name == *pattern && glob_match(pattern + 1, name + 1);
+}
+
+}  // namespace
+
 // The segment index ranges [first, last] of each tag value of an annotation.
 std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annotation& a) {
   const int S = int(model.segments.size());
   std::vector<std::pair<int, int>> out;
+  if (!a.pattern.empty() || a.expert_segments) {  // a region per matching segment
+    for (int s = 0; s < S; ++s) {
+      const Segment& seg = model.segments[size_t(s)];
+      if (a.expert_segments ? seg.type->shard_units != nullptr : glob_match(a.pattern.c_str(), seg.name.c_str()))
+        out.push_back({s, s});
+    }
+    if (out.empty() && a.expert_segments)
+      throw UserError(cat(a.loc.str(), ": mesh.ep asks for expert parallelism, but the ", model.kind,
+                          " model has no experts (set model.moe, or remove ep)"));
+    if (out.empty())
+      throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: the pattern \"", a.pattern,
+                          "\" matches no segment of the ", model.kind, " model; its ", S, " segments are ",
+                          segment_names(model)));
+    return out;
+  }
   for (const auto& [lo, hi] : a.layers) {  // every segment whose layer lies in [lo, hi]
     int first = S, last = -1;
     for (int s = 0; s < S; ++s)
@@ -26,17 +66,8 @@ std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annota
   auto find = [&](const std::string& name) {
     for (int s = 0; s < S; ++s)
       if (model.segments[size_t(s)].name == name) return s;
-    std::string names;  // all of them when few, else the first and last ones
-    for (int s = 0; s < S; ++s) {
-      if (S > 12 && s == 6) {
-        names += ", ...";
-        s = S - 4;
-        continue;
-      }
-      names += cat(s ? ", " : "", "\"", model.segments[size_t(s)].name, "\"");
-    }
     throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: the ", model.kind, " model has no segment \"",
-                        name, "\"; its ", S, " segments are ", names));
+                        name, "\"; its ", S, " segments are ", segment_names(model)));
   };
   int prev = -1;
   for (const auto& [lo, hi] : a.segments) {
@@ -52,8 +83,6 @@ std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annota
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<Region> make_regions(const Model& model, const std::vector<Annotation>& annotations) {
   std::vector<std::vector<std::pair<int, int>>> ranges;

@@ -11,6 +11,10 @@ namespace piper {
 // the last layer's).
 std::vector<Region> make_regions(const Model& model, const std::vector<Annotation>& annotations);
 
+// The segment index ranges [first, last] of each tag value of an annotation, resolved against the model (a
+// pattern gives one range per matching segment); a name or pattern the model lacks is a UserError.
+std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annotation& a);
+
 Graph build_training_graph(const Model& model, const JobSpec& spec, int world);
 
 // The step-sync node (every rank takes part); build creates exactly one.

@@ -81,8 +81,10 @@ struct Region {
   int grad_buckets_in_flight = 2;  // zero >= 2: full-gradient buffers alive at once on a rank
   std::string dp_stream = "dp";
   int replicate_directive = -1;
-  // sharding (the shard pass): its segments' parameters are spread over the set's ranks
+  // sharding (the shard pass): its segments' parameters are spread over each expert group of shard_group
+  // consecutive ranks of the set; the groups hold copies, data-parallel like a replicated region
   int shard_directive = -1;
+  int shard_group = 0;
   std::string shard_stream = "ep";
   bool split_backward = false;
   std::string label() const;

@@ -47,7 +47,7 @@ ScheduleContext schedule_context(const Graph& g, const JobSpec& spec, const std:
   if (!ann)
     throw UserError(cat(schedule ? schedule->describe() : std::string("the default schedule"), ": no [[annotate]] with tag = \"",
                         tag, "\" defines the pipeline stages"));
-  ctx.stages = ann->values();
+  ctx.stages = int(segment_ranges(*g.model, *ann).size());
   ctx.ranks = stage_groups(g, places, tag, ctx.stages);
   ctx.first_index = int(spec.directives.size());
   ctx.base_dir = std::filesystem::path(spec.path).parent_path().string();
@@ -122,7 +122,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   for (const auto& d : replicates) mark_replicate(g, d);
   for (const auto& r : g.regions) {
     const auto& set = g.sets[size_t(r.device_set)];
-    if (set.ranks.size() > 1 && r.zero < 0 && r.shard_directive < 0) {
+    if (set.ranks.size() > 1 && r.zero < 0 && has_copies(g, r)) {
       std::string which = set.directive >= 0 ? cat("the device set of directive #", set.directive)
                                              : std::string("all ranks, as no place directive is given");
       throw UserError(cat(r.label(), " runs on ", set.ranks.size(), " ranks (", which,

@@ -1,6 +1,7 @@
 // [mesh] shorthand: pp pipeline stages (even layer split unless [[annotate]] says otherwise), dp replicas
-// per stage on ranks stage + pp·replica, a split into microbatches, replicate with the ZeRO level, and a
-// schedule. Only what the job does not already state is generated; generated directives say so.
+// per stage on ranks stage + pp·replica, a split into microbatches, replicate with the ZeRO level, expert
+// groups of ep ranks inside each stage's dp (a region per expert segment, sharded), and a schedule. Only what
+// the job does not already state is generated; generated directives say so.
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 
@@ -18,6 +19,9 @@ void expand_mesh(JobSpec& spec, int world) {
       if (d.op == op) return true;
     return false;
   };
+  if (mesh.ep > 1 && mesh.dp % mesh.ep != 0)
+    throw UserError(cat(mesh.loc.str(), ": [mesh] ep = ", mesh.ep, " ranks per expert group do not divide dp = ", mesh.dp,
+                        "; use a divisor of dp (ep = dp spreads every layer's experts over all replicas)"));
   const int L = spec.model.n_layers;
   bool has_pp = false;
   for (const auto& a : spec.annotations) has_pp |= a.tag == "PP";
@@ -68,6 +72,23 @@ void expand_mesh(JobSpec& spec, int world) {
     d.zero = mesh.zero;
     d.bucket_mb = mesh.bucket_mb;
     d.grad_buckets_in_flight = mesh.grad_buckets_in_flight;
+    added.push_back(d);
+  }
+  if (!has_op("shard") && mesh.ep > 1) {
+    bool has_ep = false;
+    for (const auto& a : spec.annotations) has_ep |= a.tag == "EP";
+    if (!has_ep) {  // a region per expert segment
+      Annotation a;
+      a.tag = "EP";
+      a.index = int(spec.annotations.size());
+      a.loc = mesh.loc;
+      a.expert_segments = true;
+      spec.annotations.push_back(a);
+    }
+    Directive d = make("shard");
+    d.filter.match["EP"] = TagMatch{TagMatch::Kind::Any, 0, ""};
+    d.group = mesh.ep;
+    d.stream = "ep";
     added.push_back(d);
   }
   if (!has_op("schedule") && !mesh.schedule.empty()) {

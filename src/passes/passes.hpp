@@ -15,6 +15,9 @@ void apply_place(Graph& g, const std::vector<Directive>& places);
 void insert_send_recv(Graph& g);
 void make_buckets(Graph& g);
 void mark_replicate(Graph& g, const Directive& d);
+// Ranks holding the same parameters of region r: its set, or the expert groups of a sharded region.
+int copies(const Graph& g, const Region& r);
+bool has_copies(const Graph& g, const Region& r);  // more than one such rank, or a region that is not sharded
 void mark_shard(Graph& g, const Directive& d);
 void insert_exchanges(Graph& g);
 void insert_replication(Graph& g);

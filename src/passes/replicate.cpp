@@ -2,6 +2,7 @@
 // 1 reduce-scatters it (each rank updates its shard) and all-gathers the updated parameters; 2 reduce-
 // scatters every microbatch's gradients into the shard (full gradients live only per bucket and
 // microbatch); 3 also keeps parameters sharded and all-gathers each bucket just before every use.
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -11,13 +12,20 @@
 
 namespace piper {
 
+int copies(const Graph& g, const Region& r) {
+  const int ranks = int(g.sets[size_t(r.device_set)].ranks.size());
+  return r.shard_directive >= 0 ? ranks / std::max(1, r.shard_group) : ranks;
+}
+
+bool has_copies(const Graph& g, const Region& r) { return r.shard_directive < 0 || copies(g, r) > 1; }
+
 void mark_replicate(Graph& g, const Directive& d) {
   for (const auto& [tag, m] : d.filter.match)
     if (tag == "MB" || tag == "PASS")
       throw UserError(cat(d.describe(), ": replicate works on whole regions; its filter cannot name ", tag));
   int matched = 0;
   for (auto& r : g.regions) {
-    if (!filter_matches_region(d.filter, r) || r.shard_directive >= 0) continue;  // sharded: left alone
+    if (!filter_matches_region(d.filter, r) || !has_copies(g, r)) continue;  // experts on the whole set: left alone
     ++matched;
     if (r.replicate_directive >= 0)
       throw UserError(cat(d.describe(), ": ", r.label(), " is already replicated by directive #", r.replicate_directive));
@@ -50,8 +58,7 @@ void insert_replication(Graph& g) {
   std::vector<char> replicated_set(g.sets.size(), 0);
   for (size_t b = 0; b < g.buckets.size(); ++b) {
     const Region& r = g.regions[size_t(g.buckets[b].region)];
-    const int set_size = int(g.sets[size_t(r.device_set)].ranks.size());
-    if (r.zero < 0 || set_size == 1) continue;
+    if (r.zero < 0 || copies(g, r) == 1) continue;
     replicated_set[size_t(r.device_set)] = 1;
     std::vector<int> writers, users;
     int update = -1;
@@ -111,13 +118,13 @@ void insert_replication(Graph& g) {
       }
     }
   }
-  // Gradients of replicated sets now reach the step sync through their collectives; a sharded region's
-  // (never reduced) keep their direct edge.
+  // Gradients of replicated sets now reach the step sync through their collectives; those of experts held
+  // once per set (never reduced) keep their direct edge.
   for (auto& e : g.edges) {
     if (e.removed || e.to != sync || e.tensor.kind != TensorRef::Kind::Grads) continue;
     const Node& from = g.nodes[size_t(e.from)];
-    const bool sharded = from.region >= 0 && g.regions[size_t(from.region)].shard_directive >= 0;
-    if (writes_grads(from) && !sharded && from.device_set >= 0 && replicated_set[size_t(from.device_set)])
+    const bool single = from.region >= 0 && !has_copies(g, g.regions[size_t(from.region)]);
+    if (writes_grads(from) && !single && from.device_set >= 0 && replicated_set[size_t(from.device_set)])
       e.removed = true;
   }
 }

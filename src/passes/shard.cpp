@@ -1,6 +1,9 @@
-// shard: expert parallelism. The matched regions' segments spread their parameters (experts) over the
-// ranks of the region's device set; every activation edge into or out of such a region, forward and
-// backward, gets an ALL_TO_ALL node that exchanges the routed rows (counts first) on the shard stream.
+// shard: expert parallelism. The matched regions' segments spread their parameters (experts) over each
+// expert group of `group` consecutive ranks of the region's device set (the whole set by default); the groups
+// hold copies of the experts, data-parallel over the copies. Every activation edge into or out of such a
+// region, forward and backward, gets an ALL_TO_ALL node that exchanges the routed rows (counts first) inside
+// the expert group, on the shard stream.
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -22,6 +25,10 @@ void mark_shard(Graph& g, const Directive& d) {
     if (r.shard_directive >= 0)
       throw UserError(cat(d.describe(), ": ", r.label(), " is already sharded by directive #", r.shard_directive));
     const int ranks = int(g.sets[size_t(r.device_set)].ranks.size());
+    const int group = d.group > 0 ? std::min(d.group, ranks) : ranks;  // one rank: one group of one
+    if (d.group > 0 && ranks > 1 && (d.group > ranks || ranks % d.group != 0))
+      throw UserError(cat(d.describe(), ": group = ", d.group, " ranks per expert group does not divide the ", ranks,
+                          " ranks of ", r.label(), "'s device set; use a divisor of ", ranks));
     for (int s = r.seg_begin; s < r.seg_end; ++s) {
       const Segment& seg = g.model->segments[size_t(s)];
       if (!seg.type->shard_units)
@@ -29,12 +36,13 @@ void mark_shard(Graph& g, const Directive& d) {
                             "', which cannot be sharded; annotate the expert segments alone (e.g. segments = [[\"",
                             seg.name, "\", ...]])"));
       const int units = seg.type->shard_units(g.model->dims);
-      if (units % ranks != 0)
+      if (units % group != 0)
         throw UserError(cat(d.describe(), ": segment '", seg.name, "' has ", units, " experts, which do not divide among the ",
-                            ranks, " ranks of its device set"));
-      g.segment_shards[size_t(s)] = ranks;
+                            group, " ranks of ", group == ranks ? "its device set" : "an expert group"));
+      g.segment_shards[size_t(s)] = group;
     }
     r.shard_directive = d.index;
+    r.shard_group = group;
     r.shard_stream = d.stream;
   }
   if (matched == 0) throw UserError(cat(d.describe(), ": filter ", d.filter.str(), " matches no region"));
@@ -55,7 +63,7 @@ void insert_exchanges(Graph& g) {
     const Region& a = g.regions[size_t(from.region)];
     const Region& b = g.regions[size_t(to.region)];
     const Region* sharded = a.shard_directive >= 0 ? &a : (b.shard_directive >= 0 ? &b : nullptr);
-    if (!sharded || g.sets[size_t(sharded->device_set)].ranks.size() < 2) continue;
+    if (!sharded || sharded->shard_group < 2) continue;
     if (a.device_set != b.device_set)
       throw UserError(cat(sharded->label(), " is sharded, and its neighbour ", (sharded == &a ? b : a).label(),
                           " must sit on the same device set (the exchange is inside the set)"));

@@ -109,6 +109,8 @@ class PlanCheck {
       case GroupRef::Kind::World: return p_.world;
       case GroupRef::Kind::DeviceSet: return int64_t(p_.sets[size_t(g.sets[0])].size());
       case GroupRef::Kind::AcrossSets: return int64_t(g.sets.size());
+      case GroupRef::Kind::SetBlock: return g.sets[1];
+      case GroupRef::Kind::SetStride: return int64_t(p_.sets[size_t(g.sets[0])].size()) / g.sets[1];
     }
     return 0;
   }
@@ -132,12 +134,21 @@ class PlanCheck {
         }
         break;
       }
+      case GroupRef::Kind::SetBlock:
+      case GroupRef::Kind::SetStride: {
+        require(g.sets.size() == 2, "a block or stride group names ", g.sets.size(), " numbers, not {set, k}");
+        index(g.sets[0], p_.sets.size(), "device set");
+        const int64_t n = int64_t(p_.sets[size_t(g.sets[0])].size());
+        require(g.sets[1] >= 1 && g.sets[1] <= n && n % g.sets[1] == 0, "blocks of ", g.sets[1], " in a set of ", n);
+        break;
+      }
       default: require(false, "unknown group kind ", int(g.kind));
     }
   }
 
   bool has_this_set(const GroupRef& g) const {
     if (g.kind == GroupRef::Kind::World) return true;
+    if (g.kind == GroupRef::Kind::SetBlock || g.kind == GroupRef::Kind::SetStride) return g.sets[0] == p_.set;
     return std::find(g.sets.begin(), g.sets.end(), p_.set) != g.sets.end();
   }
 
@@ -177,10 +188,14 @@ class PlanCheck {
 
   // ---------------------------------------------------------------- buffers, buckets, parameters
   // Buffer `b` holds floats [first + shard_of × max replica, ... + count) for every replica of the set.
-  void floats(int32_t b, int64_t first, int64_t count, bool per_replica, const char* role) const {
+  // Floats [first, first + count) of buffer b, or with per_replica the range of every replica among those
+  // holding the same slice of a bucket of `slices` (replica / slices moves it by count).
+  void floats(int32_t b, int64_t first, int64_t count, bool per_replica, const char* role, int32_t slices = 1) const {
     index(b, p_.buffers.size(), role);
     require(first >= 0 && count >= 0, role, " range ", first, "+", count, " is negative");
-    const u128 end = u128(uint64_t(first)) + (per_replica ? u128(uint64_t(replicas_ - 1)) * uint64_t(count) : 0) +
+    require(slices >= 1 && replicas_ % slices == 0, role, ": ", slices, " slices in a set of ", replicas_);
+    const int64_t positions = replicas_ / slices;
+    const u128 end = u128(uint64_t(first)) + (per_replica ? u128(uint64_t(positions - 1)) * uint64_t(count) : 0) +
                      u128(uint64_t(count));
     require(end * sizeof(float) <= p_.buffers[size_t(b)].bytes, role, " buffer ", b, " (",
             p_.buffers[size_t(b)].bytes, " bytes) is too small for floats ", first, "+", count,
@@ -209,12 +224,16 @@ class PlanCheck {
     for (size_t i = 0; i < p_.buckets.size(); ++i) {
       where_ = cat("bucket ", i);
       const PlanBucket& b = p_.buckets[i];
-      require(b.numel >= 0 && b.padded >= b.numel && b.group_size >= 1 && b.padded % b.group_size == 0 &&
-                  b.zero >= -1 && b.zero <= 3,
+      require(b.slices >= 1 && b.slices <= replicas_ && replicas_ % b.slices == 0 && b.numel >= 0 &&
+                  b.numel % b.slices == 0,
+              b.slices, " slices of ", b.numel, " parameters in a set of ", replicas_);
+      require(b.padded >= b.slice_numel() && b.group_size >= 1 && b.padded % b.group_size == 0 && b.zero >= -1 &&
+                  b.zero <= 3,
               "sizes out of range");
       require(b.group == -1 || in_range(b.group, p_.groups.size()), "group ", b.group, " out of range");
       if (b.group >= 0) require(group_size(p_.groups[size_t(b.group)]) == b.group_size, "group size differs");
-      require(b.group_size == 1 || b.group_size == replicas_, "group of ", b.group_size, " in a set of ", replicas_);
+      require(b.group_size == 1 || b.group_size * b.slices == replicas_, "group of ", b.group_size, " of ", b.slices,
+              " slices in a set of ", replicas_);
       const int64_t shard = shard_elements(b);
       floats(b.shard_params ? b.param_shard_buf : b.param_buf, 0, b.shard_params ? shard : b.padded, false,
              "parameter");
@@ -230,23 +249,25 @@ class PlanCheck {
       require(slot_[size_t(pp.model_param)] < 0, "model parameter ", pp.model_param, " placed twice");
       slot_[size_t(pp.model_param)] = int32_t(i);
       index(pp.bucket, p_.buckets.size(), "bucket");
-      const int64_t numel = p_.params[size_t(pp.model_param)].numel, padded = p_.buckets[size_t(pp.bucket)].padded;
-      require(pp.offset >= 0 && numel >= 0 && numel <= padded && pp.offset <= padded - numel,
-              "parameter range ", pp.offset, "+", numel, " outside its bucket of ", padded);
+      // inside the bucket, or inside one slice of a sliced bucket
+      const PlanBucket& pb = p_.buckets[size_t(pp.bucket)];
+      const int64_t numel = p_.params[size_t(pp.model_param)].numel;
+      const int64_t span = pb.slices > 1 ? pb.slice_numel() : pb.padded;
+      const int64_t at = pb.slices > 1 && span > 0 ? pp.offset % span : pp.offset;
+      require(pp.offset >= 0 && numel >= 0 && numel <= span && at <= span - numel &&
+                  (pb.slices == 1 || pp.offset < pb.numel),
+              "parameter range ", pp.offset, "+", numel, " outside its bucket (or slice) of ", span);
     }
   }
 
   // ---------------------------------------------------------------- instructions
-  // A parameter (or its gradient) of segment parameter i read through buffer b at the bucket offset; with
-  // owned slices only the replica whose slice holds it has it, at the offset within the slice.
+  // A parameter (or its gradient) of segment parameter i read through buffer b at the bucket offset; of a
+  // sliced bucket only the replicas holding its slice have it, at the offset within the slice.
   void param_range(int32_t b, const PlanParam& pp, const char* role) const {
     const PlanBucket& pb = p_.buckets[size_t(pp.bucket)];
     const int64_t numel = p_.params[size_t(pp.model_param)].numel;
-    if (!pb.owned_slices) return floats(b, pp.offset, numel, false, role);
-    const int64_t shard = shard_elements(pb);
-    if (shard == 0) return;
-    const int64_t r = pp.offset / shard;  // the one replica with 0 <= offset - r·shard < shard
-    if (r < replicas_) floats(b, pp.offset - r * shard, numel, false, role);
+    if (pb.slices == 1) return floats(b, pp.offset, numel, false, role);
+    if (pb.slice_numel() > 0) floats(b, pp.offset % pb.slice_numel(), numel, false, role);
   }
 
   void compute(const Instr& instr, const ComputeArgs& in) {
@@ -317,8 +338,9 @@ class PlanCheck {
   void update(const UpdateArgs& in) {
     index(in.bucket, p_.buckets.size(), "bucket");
     require(in.offset >= 0 && in.src_offset >= 0 && in.count >= 0, "negative offset or count");
-    floats(in.buf, in.offset, in.count, in.flags & kFlagBufShard, "parameter");
-    floats(in.src, in.src_offset, in.count, in.flags & kFlagSrcShard, "gradient");
+    const int32_t slices = p_.buckets[size_t(in.bucket)].slices;
+    floats(in.buf, in.offset, in.count, in.flags & kFlagBufShard, "parameter", slices);
+    floats(in.src, in.src_offset, in.count, in.flags & kFlagSrcShard, "gradient", slices);
     floats(in.m, 0, in.count, false, "first moment");
     floats(in.v, 0, in.count, false, "second moment");
   }
@@ -339,15 +361,17 @@ class PlanCheck {
     require(in.offset >= 0 && in.src_offset >= 0 && in.count >= 0, "negative offset or count");
     require(in.count <= INT32_MAX, "more than 2^31 floats in one collective");
     const bool buf_shard = in.flags & kFlagBufShard, src_shard = in.flags & kFlagSrcShard;
+    const int32_t slices = in.bucket >= 0 ? p_.buckets[size_t(in.bucket)].slices : 1;
+    require(!(buf_shard || src_shard) || in.bucket >= 0, "a shard of no bucket");
     if (op == Op::AllReduce) {
-      floats(in.buf, in.offset, in.count, buf_shard, "reduced");
+      floats(in.buf, in.offset, in.count, buf_shard, "reduced", slices);
     } else if (op == Op::ReduceScatter) {
       floats(in.src, in.src_offset, in.count * g, false, "reduce-scatter source");
       if (in.tmp >= 0) floats(in.tmp, 0, in.count, false, "reduce-scatter scratch");
-      floats(in.buf, in.offset, in.count, buf_shard, "reduce-scatter destination");
+      floats(in.buf, in.offset, in.count, buf_shard, "reduce-scatter destination", slices);
     } else {
       floats(in.buf, in.offset, in.count * g, false, "gathered");
-      if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source");
+      if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source", slices);
     }
   }
 
@@ -361,7 +385,7 @@ class PlanCheck {
 
   void step_sync(const StepSyncArgs& in) {
     optional(in.group, p_.groups.size(), "group");
-    for (const Span& s : in.spans) floats(s.buf, s.offset, s.count, s.per_replica, "gradient norm");
+    for (const Span& s : in.spans) floats(s.buf, s.offset, s.count, s.per_replica, "gradient norm", s.slices);
   }
 
   void instruction(size_t i) {

@@ -15,7 +15,8 @@ struct Span {
   int32_t buf = -1;
   int64_t offset = 0;
   int64_t count = 0;
-  bool per_replica = false;
+  bool per_replica = false;  // moved by count × the rank's index among the replicas holding the same slice:
+  int32_t slices = 1;        // replica / slices (its bucket's PlanBucket::slices)
 };
 
 // Bits of UpdateArgs::flags and CollectiveArgs::flags: which offsets move by replica × count on each rank.

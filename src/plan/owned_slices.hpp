@@ -1,5 +1,6 @@
-// What a rank owns of a parameter bucket, written once: its shard of the padded range (replica r of n holds
-// [r·padded/n, (r+1)·padded/n)) or the whole range, and the pieces where that range overlaps each parameter.
+// What a rank owns of a parameter bucket, written once. A sliced bucket (experts over an expert group) gives
+// replica r its slice r % slices; the bucket's full buffers on r hold that slice. Within the slice (or the whole
+// bucket), replica index i = r / slices of the group holds shard [i·padded/n, (i+1)·padded/n) when sharded.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -8,19 +9,28 @@
 
 namespace piper {
 
-// Elements of one replica's shard of the bucket (padded is a multiple of group_size).
+// Elements of one replica's shard of the bucket, or of its slice (padded is a multiple of group_size).
 inline int64_t shard_elements(const PlanBucket& b) { return b.padded / b.group_size; }
 
-// [lo, hi) in the bucket's padded elements.
+// The slice replica `replica` holds, and its index in the bucket's group (the replicas holding that slice).
+inline int slice_of(const PlanBucket& b, int replica) { return replica % b.slices; }
+inline int index_in_group(const PlanBucket& b, int replica) { return replica / b.slices; }
+
+// Bucket element where this replica's slice (the start of the bucket's full buffers on it) begins.
+inline int64_t slice_begin(const PlanBucket& b, int replica) { return int64_t(slice_of(b, replica)) * b.slice_numel(); }
+
+// [lo, hi) in bucket elements; hi stops at the end of the replica's slice (padding holds no parameter).
 struct BucketRange {
   int64_t lo = 0, hi = 0;
 };
 
-// Replica `replica`'s shard of the bucket when `sharded`, else the whole padded range.
+// Replica `replica`'s shard of its slice of the bucket when `sharded`, else its whole slice (the whole bucket
+// when not sliced). A full buffer of the bucket holds element e at e − slice_begin; a shard buffer at e − lo.
 inline BucketRange owned_range(const PlanBucket& b, int replica, bool sharded) {
-  if (!sharded) return {0, b.padded};
-  const int64_t shard = shard_elements(b);
-  return {int64_t(replica) * shard, int64_t(replica + 1) * shard};
+  const int64_t base = slice_begin(b, replica), end = b.slices > 1 ? base + b.slice_numel() : base + b.padded;
+  if (!sharded) return {base, end};
+  const int64_t shard = shard_elements(b), i = index_in_group(b, replica);
+  return {base + i * shard, std::min(end, base + (i + 1) * shard)};
 }
 
 // The part of one parameter inside a bucket range: bucket elements [begin, end).

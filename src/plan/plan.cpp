@@ -32,6 +32,8 @@ std::string GroupRef::str() const {
       s += ")";
       break;
     }
+    case Kind::SetBlock: s = cat("set", sets.at(0), ".block", sets.at(1)); break;
+    case Kind::SetStride: s = cat("set", sets.at(0), ".stride", sets.at(1)); break;
   }
   return s + "/" + stream;
 }
@@ -46,6 +48,15 @@ std::vector<int32_t> Plan::group_ranks(const GroupRef& g) const {
     case GroupRef::Kind::AcrossSets:
       for (int32_t s : g.sets) out.push_back(sets[size_t(s)][size_t(replica)]);
       break;
+    case GroupRef::Kind::SetBlock:
+    case GroupRef::Kind::SetStride: {
+      const std::vector<int32_t>& set = sets[size_t(g.sets[0])];
+      const int k = g.sets[1];
+      for (size_t i = 0; i < set.size(); ++i)
+        if (g.kind == GroupRef::Kind::SetBlock ? int(i) / k == replica / k : int(i) % k == replica % k)
+          out.push_back(set[i]);
+      break;
+    }
   }
   return out;
 }

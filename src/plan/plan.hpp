@@ -13,7 +13,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 7;
+constexpr uint32_t kPlanVersion = 8;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -38,9 +38,12 @@ struct PlanParam {
 };
 
 // What a collective group is, independently of which replica runs the plan.
+// A set's replicas in blocks of k (an expert group: replicas [j·k, (j+1)·k)) are SetBlock {set, k}; the replicas
+// at one position of every block (the copies of one expert slice: i, i + k, i + 2k, ...) are SetStride {set, k}.
 struct GroupRef {
-  enum class Kind : uint8_t { World, DeviceSet, AcrossSets } kind = GroupRef::Kind::World;
-  std::vector<int32_t> sets;  // DeviceSet: {set}; AcrossSets: the sets, same replica index in each
+  enum class Kind : uint8_t { World, DeviceSet, AcrossSets, SetBlock, SetStride } kind = GroupRef::Kind::World;
+  std::vector<int32_t> sets;  // DeviceSet: {set}; AcrossSets: the sets, same replica index in each; SetBlock and
+                              // SetStride: {set, k}
   std::string stream;         // one communicator per group and stream keeps each one's order fixed
   bool operator==(const GroupRef&) const = default;
   auto operator<=>(const GroupRef&) const = default;
@@ -51,7 +54,7 @@ struct PlanBucket {
   int32_t region = -1;
   uint8_t padding0_[4] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
   int64_t numel = 0;    // parameters in it
-  int64_t padded = 0;   // numel rounded up to a multiple of the group size
+  int64_t padded = 0;   // numel (of one slice, when sliced) rounded up to a multiple of the group size
   int32_t zero = -1;    // replication level; -1 not replicated
   int32_t group = -1;   // index into Plan::groups of its data-parallel group; -1 none
   int32_t group_size = 1;
@@ -62,8 +65,12 @@ struct PlanBucket {
   int32_t m_buf = -1, v_buf = -1;  // AdamW moments: full, or the owned shard
   bool shard_params = false, shard_grads = false, shard_optimizer = false;
   bool tied_copy = false;
-  bool owned_slices = false;  // sharded without gathers or reductions: each rank computes only with its slice
-  uint8_t padding1_[7] = {};
+  // Sliced (experts spread over an expert group of `slices` replicas): replica r holds and computes with slice
+  // r % slices of the bucket (numel / slices elements: whole experts) alone; the replicas holding the same slice
+  // (r / slices is their index) form the bucket's group, and everything above applies to the slice.
+  int32_t slices = 1;
+  uint8_t padding1_[4] = {};
+  int64_t slice_numel() const { return numel / slices; }
 };
 
 // Predicted per-kind peak bytes (compiler) for printing next to the runtime's measurement.

@@ -17,7 +17,7 @@ constexpr uint32_t kMagic = 0x50495052;  // "PIPR"
 // smallest payload (a step sync: group and span count). A count of more than the bytes left can hold is
 // corrupt (checked before anything is reserved).
 constexpr size_t kInstrMinBytes = 1 + 1 + 4 + 4 + 4 + 4 + 4;
-constexpr size_t kSpanBytes = 4 + 8 + 8 + 1;
+constexpr size_t kSpanBytes = 4 + 8 + 8 + 1 + 4;
 
 void put_optimizer(ByteWriter& w, const OptimizerConfig& o) {
   w.put_string(o.kind);
@@ -104,6 +104,7 @@ struct FieldWriter {
       w.put(s.offset);
       w.put(s.count);
       w.put<uint8_t>(s.per_replica);
+      w.put(s.slices);
     }
   }
 };
@@ -122,6 +123,7 @@ struct FieldReader {
       s.offset = r.get<int64_t>();
       s.count = r.get<int64_t>();
       s.per_replica = r.get<uint8_t>() != 0;
+      s.slices = r.get<int32_t>();
       spans.push_back(s);
     }
   }
@@ -323,8 +325,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   uint32_t nbk = r.get_count(sizeof(PlanBucket));
   for (uint32_t i = 0; i < nbk; ++i)
     p.buckets.push_back(r.get<PlanBucket>({offsetof(PlanBucket, shard_params), offsetof(PlanBucket, shard_grads),
-                                           offsetof(PlanBucket, shard_optimizer), offsetof(PlanBucket, tied_copy),
-                                           offsetof(PlanBucket, owned_slices)}));
+                                           offsetof(PlanBucket, shard_optimizer), offsetof(PlanBucket, tied_copy)}));
   uint32_t ngr = r.get_count(1 + 8 + 4);
   for (uint32_t i = 0; i < ngr; ++i) p.groups.push_back(get_group(r));
   uint32_t ni = r.get_count(kInstrMinBytes);

@@ -122,6 +122,12 @@ void Executor::make_communicators() {
         for (size_t i = 0; i < g.sets.size(); ++i)
           if (g.sets[i] == my_set) { color = plan_.replica; key = int(i); }
         break;
+      case GroupRef::Kind::SetBlock:  // the replicas [j·k, (j+1)·k) of the set
+        if (g.sets[0] == my_set) { color = plan_.replica / g.sets[1]; key = plan_.replica % g.sets[1]; }
+        break;
+      case GroupRef::Kind::SetStride:  // the replicas i, i + k, i + 2k, ... of the set
+        if (g.sets[0] == my_set) { color = plan_.replica % g.sets[1]; key = plan_.replica / g.sets[1]; }
+        break;
     }
     MPI_Comm c = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(world_, color, key, &c));
@@ -147,8 +153,9 @@ Communicator& Executor::group(int32_t g) {
   return *groups_[size_t(g)];
 }
 
-int64_t Executor::shard_offset(uint8_t flags, uint8_t flag, int64_t count) const {
-  return replica_shift(flags, flag, plan_.replica, count);
+int64_t Executor::shard_offset(uint8_t flags, uint8_t flag, int64_t count, int32_t bucket) const {
+  if (!(flags & flag)) return 0;
+  return replica_shift(flags, flag, index_in_group(plan_.buckets[size_t(bucket)], plan_.replica), count);
 }
 
 void Executor::init_parameters() {
@@ -156,7 +163,7 @@ void Executor::init_parameters() {
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const PlanBucket& pb = plan_.buckets[b];
     const BucketRange owned = owned_range(pb, plan_.replica, pb.shard_params);
-    float* dst = store_.f(pb.shard_params ? pb.param_shard_buf : pb.param_buf);
+    float* dst = store_.f(pb.shard_params ? pb.param_shard_buf : pb.param_buf);  // from owned.lo
     for_each_param_piece(plan_, int32_t(b), owned, [&](const ParamPiece& piece) {
       host.resize(size_t(piece.count()));
       init_param_range(plan_.params[size_t(piece.pp->model_param)], plan_.seed, piece.param_begin(), piece.count(),
@@ -339,14 +346,15 @@ void Executor::execute(Stream& s, int32_t i) {
     }
     case Op::AllReduce: {
       const CollectiveArgs& c = in.collective();
-      float* buf = store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count);
+      float* buf = store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count, c.bucket);
       post(group(c.group).all_reduce(buf, size_t(c.count), ctx));
       return;
     }
     case Op::ReduceScatter: {
       const CollectiveArgs& c = in.collective();
       const float* src = store_.f(c.src) + c.src_offset;
-      float* dst = c.tmp >= 0 ? store_.f(c.tmp) : store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count);
+      float* dst = c.tmp >= 0 ? store_.f(c.tmp)
+                              : store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count, c.bucket);
       post(group(c.group).reduce_scatter(src, dst, size_t(c.count), ctx));
       return;
     }
@@ -358,7 +366,7 @@ void Executor::execute(Stream& s, int32_t i) {
     case Op::AllGather: {
       const CollectiveArgs& c = in.collective();
       const float* src =
-          c.src >= 0 ? store_.f(c.src) + c.src_offset + shard_offset(c.flags, kFlagSrcShard, c.count) : nullptr;
+          c.src >= 0 ? store_.f(c.src) + c.src_offset + shard_offset(c.flags, kFlagSrcShard, c.count, c.bucket) : nullptr;
       post(group(c.group).all_gather(src, store_.f(c.buf) + c.offset, size_t(c.count), ctx));
       return;
     }
@@ -368,7 +376,7 @@ void Executor::execute(Stream& s, int32_t i) {
 }
 
 void Executor::finish_reduce_scatter(const CollectiveArgs& in) {
-  float* dst = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count);
+  float* dst = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count, in.bucket);
   const float* tmp = store_.f(in.tmp);
   if (in.flags & kFlagAccumulate) k_.accumulate(dst, tmp, size_t(in.count));
   else k_.copy(dst, tmp, size_t(in.count) * sizeof(float));
@@ -415,10 +423,10 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
     const PlanParam& pp = plan_.plan_params[size_t(param_slot_[size_t(seg.params[i])])];
     int64_t at = pp.offset;
     const PlanBucket& pb = plan_.buckets[size_t(pp.bucket)];
-    if (pb.owned_slices) {  // only this rank's slice exists here; other ranks' parameters stay null
-      const BucketRange owned = owned_range(pb, plan_.replica, true);
-      if (at < owned.lo || at >= owned.hi) continue;
-      at -= owned.lo;
+    if (pb.slices > 1) {  // only this rank's slice exists here; other slices' parameters stay null
+      const BucketRange slice = owned_range(pb, plan_.replica, false);
+      if (at < slice.lo || at >= slice.hi) continue;
+      at -= slice.lo;
     }
     if (i < in.pbuf.size() && in.pbuf[i] >= 0) w[i] = store_.f(in.pbuf[i]) + at;
     if (i < in.gbuf.size() && in.gbuf[i] >= 0) g[i] = store_.f(in.gbuf[i]) + at;
@@ -426,7 +434,7 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   SegmentIO io;
   io.samples = in.samples;
   io.shards = std::max(1, seg.shards);
-  io.shard = io.shards > 1 ? plan_.replica : 0;
+  io.shard = plan_.replica % io.shards;  // the expert group's replicas are consecutive (GroupRef::SetBlock)
   io.w = w.data();
   io.g = g.data();
   io.overwrite = in.overwrite.empty() ? nullptr : in.overwrite.data();
@@ -481,9 +489,13 @@ void Executor::run_update(const UpdateArgs& in) {
   args.eps = float(o.eps);
   args.grad_scale = float(clip_scale_);
   args.step = step_ + 1;
-  const int64_t lo = shard_offset(in.flags, kFlagBucketShard, in.count), hi = lo + in.count;
-  float* p = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count);
-  float* gr = store_.f(in.src) + in.src_offset + shard_offset(in.flags, kFlagSrcShard, in.count);
+  // [lo, hi): the bucket elements updated, from this replica's slice (the start of the bucket's full buffers),
+  // not past its end (the padding of a slice holds none of its parameters)
+  const BucketRange slice = owned_range(plan_.buckets[size_t(in.bucket)], plan_.replica, false);
+  const int64_t lo = slice.lo + shard_offset(in.flags, kFlagBucketShard, in.count, in.bucket),
+                hi = std::min(lo + in.count, slice.hi);
+  float* p = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count, in.bucket);
+  float* gr = store_.f(in.src) + in.src_offset + shard_offset(in.flags, kFlagSrcShard, in.count, in.bucket);
   float* m = store_.f(in.m);
   float* v = store_.f(in.v);
   for_each_param_piece(plan_, in.bucket, {lo, hi}, [&](const ParamPiece& piece) {
@@ -496,7 +508,7 @@ void Executor::run_update(const UpdateArgs& in) {
 void Executor::run_step_sync(const StepSyncArgs& in) {
   k_.begin_region("step sync");
   for (const auto& s : in.spans) {
-    int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica) * s.count : 0);
+    int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica / s.slices) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
   }
   double local[5];  // cross-entropy, gradient norm², balance loss, stop requests, failures

@@ -111,7 +111,8 @@ class Executor {
   void finish_reduce_scatter(const CollectiveArgs& in);
   void make_communicators();
   Communicator& group(int32_t g);
-  int64_t shard_offset(uint8_t flags, uint8_t flag, int64_t count) const;
+  // count × this rank's index in bucket `bucket`'s group when `flag` is among `flags`, else 0
+  int64_t shard_offset(uint8_t flags, uint8_t flag, int64_t count, int32_t bucket) const;
 
   const Plan& plan_;
   Backend& backend_;
