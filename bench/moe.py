@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Expert parallelism under two pipeline schedules, side by side in one run: the configs/qwen3-moe-small.toml
-model (8 experts, top-2) on 4 ranks as PP2 x EP2 (experts sharded over each stage's 2 ranks, the rest
-data-parallel), once with 1F1B (two stages of two layers) and once with DualPipeV (four one-layer stages
-in a V, whose slots hold F and B of different microbatches). For each: step time, all-to-all time per
-step, the part of it exposed (not hidden behind compute), from the end-of-run report (mean over ranks),
-and the cost model's predicted step time from --dry-run next to the measured one.
+"""Expert parallelism side by side in one run: the configs/qwen3-moe-small.toml model (8 experts, top-2) on 4
+ranks as PP2 x EP2 (experts sharded over each stage's 2 ranks, the rest data-parallel), once with 1F1B (two
+stages of two layers) and once with DualPipeV (four one-layer stages in a V, whose slots hold F and B of
+different microbatches); and without a pipeline as EP4 over DP4 (every rank a quarter of the experts) and as
+EP2 inside DP4 (two expert groups of 2 ranks, each expert held twice, its copies data-parallel). For each:
+step time, all-to-all time per step, the part of it exposed (not hidden behind compute), from the end-of-run
+report (mean over ranks), and the cost model's predicted step time from --dry-run next to the measured one.
 
     bench/moe.py BUILD_DIR [--rounds R] [--steps N] [--microbatches M]
 
@@ -24,7 +25,14 @@ from bench_common import ROOT, mpi_env, piper_path
 EXPERTS = "\n".join(f'            ["model.layers.{i}.mlp.experts", "model.layers.{i}.mlp.experts"],' for i in range(4))
 
 
+KINDS = ("1f1b", "dualpipev", "ep4-dp4", "ep2-in-dp4")
+LABELS = {"1f1b": "PP2 x EP2, 1F1B", "dualpipev": "PP2 x EP2, DualPipeV", "ep4-dp4": "EP4 over DP4",
+          "ep2-in-dp4": "EP2 inside DP4"}
+
+
 def strategy(kind, m):
+    if kind.startswith("ep"):  # one stage on 4 ranks: expert groups of 4 (the whole set) or of 2
+        return f"\n[mesh]\ndp = 4\nep = {kind[2]}\nzero = 1\nmicrobatches = {m}\n"
     text = "\n[[annotate]]\ntag = \"EP\"\nsegments = [\n" + EXPERTS + "\n]\n"
     text += f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
     if kind == "1f1b":
@@ -101,7 +109,7 @@ def main():
     base = base[:base.index("[checkpoint]")]
     results = {}
     predicted = {}
-    for kind in ("1f1b", "dualpipev"):
+    for kind in KINDS:
         cfg = os.path.join(out, f"{kind}.toml")
         with open(cfg, "w") as f:
             f.write(base + strategy(kind, a.microbatches))
@@ -111,7 +119,7 @@ def main():
         step = float(re.search(r"predicted step ([0-9.e+-]+) s", text).group(1))
         predicted[kind] = (step * 1e3,) + predicted_exchange(os.path.join(plan_dir, "timeline.json"))
     for r in range(1, a.rounds + 1):
-        for kind in ("1f1b", "dualpipev"):
+        for kind in KINDS:
             cfg = os.path.join(out, f"{kind}.toml")
             text = run(["mpirun", "-np", "4", piper, "--config", cfg, "--steps", str(a.steps), "--set", "job.threads=1"],
                        os.path.join(out, f"{kind}-r{r}.log"))
@@ -122,19 +130,19 @@ def main():
             print(f"  round {r} {kind}: step {res[0]:.1f} ms, all-to-all {res[1]:.1f} ms, exposed {res[2]:.1f} ms",
                   flush=True)
     print()
-    print(f"PP2 x EP2 on 4 ranks, {a.microbatches} microbatches, median over {a.rounds} rounds of the mean over ranks "
+    print(f"4 ranks, {a.microbatches} microbatches, median over {a.rounds} rounds of the mean over ranks "
           f"of steps 2-{a.steps}")
-    head = ("schedule", "step ms (predicted)", "all-to-all ms (predicted)", "exposed all-to-all ms (predicted)",
+    head = ("layout", "step ms (predicted)", "all-to-all ms (predicted)", "exposed all-to-all ms (predicted)",
             "hidden share (predicted)")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
-    for kind in ("1f1b", "dualpipev"):
+    for kind in KINDS:
         rs = results[kind]
         step = statistics.median(x[0] for x in rs)
         a2a = statistics.median(x[1] for x in rs)
         exposed = statistics.median(x[2] for x in rs)
         ps, pa, pe = predicted[kind]
-        print(f"| {kind} | {step:.1f} ({ps:.1f}) | {a2a:.1f} ({pa:.1f}) | {exposed:.1f} ({pe:.1f}) | "
+        print(f"| {LABELS[kind]} | {step:.1f} ({ps:.1f}) | {a2a:.1f} ({pa:.1f}) | {exposed:.1f} ({pe:.1f}) | "
               f"{(1 - exposed / a2a) if a2a > 0 else 0:.2f} ({(1 - pe / pa) if pa > 0 else 0:.2f}) |")
     e1 = statistics.median(x[2] for x in results["1f1b"])
     ev = statistics.median(x[2] for x in results["dualpipev"])

@@ -20,6 +20,9 @@ struct ParamSpec {
   InitKind init = InitKind::Zeros;
   float init_std = 0.f;
   bool decay = false;           // AdamW weight decay applies (matrices and embeddings only)
+  // >= 0: not trained by the optimizer; after each step it moves by the `statistics_step` of that segment's
+  // type, from the step's routing statistics (a router's selection bias)
+  int32_t statistics_segment = -1;
   bool operator==(const ParamSpec&) const = default;
 };
 

@@ -48,6 +48,7 @@ struct SegmentIO {
   double* loss_sum = nullptr;       // the loss segment adds loss_scale · Σ token losses (device memory)
   float loss_scale = 1.f;           // 1 / tokens of the global batch
   double* balance_loss = nullptr;   // host memory: segments with a balance loss add theirs (already scaled)
+  double* routing = nullptr;        // host memory (forward): a routing segment adds its RoutingStats block
   int shard = 0, shards = 1;        // a sharded segment's part: this rank's index among the set's ranks
   // Whether gradient i is added to what is there (a later writer of the same parameter this step).
   bool accumulate(int i) const { return !(overwrite && overwrite[i]); }
@@ -75,7 +76,16 @@ struct SegmentType {
   // Shardable segments: their parameters come in this many equal parts (experts), which the shard
   // directive spreads over a device set's ranks; input and output are then exchanged (ragged rows).
   int (*shard_units)(const ModelDims& d) = nullptr;
+  // Routing segments (a mixture of experts' router): the experts they route to. Their forward adds, per step,
+  // a RoutingStats block to SegmentIO::routing: the assignments each expert was chosen for, then the dropped.
+  int (*routed_experts)(const ModelDims& d) = nullptr;
+  // With routed_experts: how a parameter it names (ParamSpec::statistics_segment) moves after a step, element by
+  // element (`delta`, that parameter's numel), from the step's global statistics block of this segment.
+  void (*statistics_step)(const ModelDims& d, const double* routing, float* delta) = nullptr;
 };
+
+// Doubles of a routing segment's statistics block: E loads, then the dropped assignments.
+inline int routing_stats_size(int experts) { return experts + 1; }
 
 // The registered segment type called `name`, or null.
 const SegmentType* find_segment_type(const std::string& name);

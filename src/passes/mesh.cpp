@@ -23,18 +23,23 @@ void expand_mesh(JobSpec& spec, int world) {
     throw UserError(cat(mesh.loc.str(), ": [mesh] ep = ", mesh.ep, " ranks per expert group do not divide dp = ", mesh.dp,
                         "; use a divisor of dp (ep = dp spreads every layer's experts over all replicas)"));
   const int L = spec.model.n_layers;
+  // DualPipeV runs two stages on each pipeline rank, in a V: stage s on rank s, stage 2·pp − 1 − s back on it
+  const bool v_shape = mesh.schedule == "dualpipev";
+  const int stages = v_shape ? 2 * mesh.pp : mesh.pp;
+  auto rank_of_stage = [&](int s) { return s < mesh.pp ? s : 2 * mesh.pp - 1 - s; };
   bool has_pp = false;
   for (const auto& a : spec.annotations) has_pp |= a.tag == "PP";
   if (mesh.pp > 1 && !has_pp) {
-    if (mesh.pp > L)
-      throw UserError(cat(mesh.loc.str(), ": mesh.pp = ", mesh.pp, " stages but the model has only ", L, " layers"));
+    if (stages > L)
+      throw UserError(cat(mesh.loc.str(), ": mesh.pp = ", mesh.pp, " needs ", stages, " stages", v_shape ? " (DualPipeV: 2 per rank)" : "",
+                          " but the model has only ", L, " layers"));
     Annotation a;
     a.tag = "PP";
     a.index = int(spec.annotations.size());
     a.loc = mesh.loc;
     int first = 0;
-    for (int s = 0; s < mesh.pp; ++s) {
-      int n = L / mesh.pp + (s < L % mesh.pp ? 1 : 0);
+    for (int s = 0; s < stages; ++s) {
+      int n = L / stages + (s < L % stages ? 1 : 0);
       a.layers.push_back({first, first + n - 1});
       first += n;
     }
@@ -52,7 +57,7 @@ void expand_mesh(JobSpec& spec, int world) {
   };
   std::vector<Directive> added;
   if (!has_op("split")) {
-    int m = mesh.microbatches > 0 ? mesh.microbatches : (mesh.pp > 1 ? mesh.pp : 1);
+    int m = mesh.microbatches > 0 ? mesh.microbatches : (mesh.pp > 1 ? (v_shape ? 2 : 1) * mesh.pp : 1);
     if (m > 1) {
       Directive d = make("split");
       d.count = m;
@@ -60,10 +65,10 @@ void expand_mesh(JobSpec& spec, int world) {
     }
   }
   if (!has_op("place") && (mesh.pp > 1 || mesh.dp > 1)) {
-    for (int s = 0; s < mesh.pp; ++s) {
+    for (int s = 0; s < (mesh.pp > 1 ? stages : 1); ++s) {
       Directive d = make("place");
       if (mesh.pp > 1) d.filter.match["PP"] = TagMatch{TagMatch::Kind::Int, s, ""};
-      for (int r = 0; r < mesh.dp; ++r) d.devices.push_back(s + mesh.pp * r);
+      for (int r = 0; r < mesh.dp; ++r) d.devices.push_back(rank_of_stage(s) + mesh.pp * r);
       added.push_back(d);
     }
   }

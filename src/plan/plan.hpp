@@ -13,7 +13,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 8;
+constexpr uint32_t kPlanVersion = 9;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;

@@ -200,6 +200,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     w.put(uint8_t(ps.init));
     w.put(ps.init_std);
     w.put<uint8_t>(ps.decay);
+    w.put(ps.statistics_segment);
   }
   w.put<uint32_t>(uint32_t(p.segments.size()));
   for (const auto& s : p.segments) {
@@ -276,7 +277,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.optimizer = get_optimizer(r);
   p.data = get_data(r);
   p.dims = get_model_dims(r);
-  uint32_t np = r.get_count(4 + 8 + 8 + 1 + 4 + 1);
+  uint32_t np = r.get_count(4 + 8 + 8 + 1 + 4 + 1 + 4);
   for (uint32_t i = 0; i < np; ++i) {
     ParamSpec ps;
     ps.name = r.get_string();
@@ -285,6 +286,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     ps.init = InitKind(r.get<uint8_t>());
     ps.init_std = r.get<float>();
     ps.decay = r.get<uint8_t>() != 0;
+    ps.statistics_segment = r.get<int32_t>();
     p.params.push_back(std::move(ps));
   }
   uint32_t ns = r.get_count(4 + 4 + 4 + 8 + 8 + 4);

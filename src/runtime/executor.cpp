@@ -73,6 +73,20 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
 
   scalars_ = static_cast<double*>(backend_.allocate(4 * sizeof(double)));
   backend_.zero(scalars_, 4 * sizeof(double));
+  // every routing segment of the model has its block on every rank, so the step sync's sums line up
+  routing_offset_.assign(plan_.segments.size(), -1);
+  size_t routing_size = 0;
+  for (size_t i = 0; i < plan_.segments.size(); ++i)
+    if (const SegmentType* t = plan_.segments[i].type; t && t->routed_experts) {
+      routing_offset_[i] = int64_t(routing_size);
+      routing_size += size_t(routing_stats_size(t->routed_experts(plan_.dims)));
+    }
+  routing_.assign(routing_size, 0.0);
+  int64_t moved = 1;  // device room for the step of the largest parameter moved by statistics
+  for (const ParamSpec& spec : plan_.params)
+    if (spec.statistics_segment >= 0) moved = std::max(moved, spec.numel);
+  statistics_delta_dev_ = static_cast<float*>(backend_.allocate(size_t(moved) * sizeof(float)));
+  statistics_delta_bytes_ = size_t(moved) * sizeof(float);
   make_communicators();
   backend_.prepare_events(int(plan_.instrs.size()));
 
@@ -106,6 +120,7 @@ Executor::~Executor() {
   groups_.clear();
   p2p_.reset();
   backend_.release(scalars_, 4 * sizeof(double));
+  backend_.release(statistics_delta_dev_, statistics_delta_bytes_);
 }
 
 void Executor::make_communicators() {
@@ -179,6 +194,7 @@ StepMetrics Executor::run_step(int64_t step) {
   store_.begin_step();
   backend_.zero(scalars_, 4 * sizeof(double));
   balance_loss_ = 0;
+  std::fill(routing_.begin(), routing_.end(), 0.0);
   for (auto& st : streams_) st.events.clear();
   const double start = now_seconds() - t0_;
   {
@@ -446,6 +462,8 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   io.loss_sum = scalars_;
   io.balance_loss = &balance_loss_;
+  if (op == Op::Forward && routing_offset_[size_t(in.segment)] >= 0)
+    io.routing = routing_.data() + routing_offset_[size_t(in.segment)];
   io.loss_scale = in.loss_scale;
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
   float* workspace = store_.f(plan_.workspace_buf);
@@ -499,10 +517,23 @@ void Executor::run_update(const UpdateArgs& in) {
   float* m = store_.f(in.m);
   float* v = store_.f(in.v);
   for_each_param_piece(plan_, in.bucket, {lo, hi}, [&](const ParamPiece& piece) {
-    args.weight_decay = plan_.params[size_t(piece.pp->model_param)].decay ? float(o.weight_decay) : 0.f;
+    const ParamSpec& spec = plan_.params[size_t(piece.pp->model_param)];
     const int64_t at = piece.begin - lo;
+    if (spec.statistics_segment >= 0) return move_by_statistics(spec, piece, p + at);
+    args.weight_decay = spec.decay ? float(o.weight_decay) : 0.f;
     k_.adamw(p + at, gr + at, m + at, v + at, size_t(piece.count()), args);
   });
+}
+
+void Executor::move_by_statistics(const ParamSpec& spec, const ParamPiece& piece, float* p) {
+  const int32_t s = spec.statistics_segment;
+  const Segment& seg = plan_.segments[size_t(s)];
+  PIPER_CHECK(seg.type->statistics_step && routing_offset_[size_t(s)] >= 0, "parameter ", spec.name,
+              " follows segment ", seg.name, ", which has no routing statistics");
+  statistics_delta_.resize(size_t(spec.numel));
+  seg.type->statistics_step(plan_.dims, metrics_.routing.data() + routing_offset_[size_t(s)], statistics_delta_.data());
+  k_.upload(statistics_delta_dev_, statistics_delta_.data() + piece.param_begin(), size_t(piece.count()) * sizeof(float));
+  k_.accumulate(p, statistics_delta_dev_, size_t(piece.count()));
 }
 
 void Executor::run_step_sync(const StepSyncArgs& in) {
@@ -511,14 +542,18 @@ void Executor::run_step_sync(const StepSyncArgs& in) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica / s.slices) * s.count : 0);
     k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
   }
-  double local[5];  // cross-entropy, gradient norm², balance loss, stop requests, failures
-  k_.download(local, scalars_, 2 * sizeof(double));
+  // cross-entropy, gradient norm², balance loss, stop requests, failures, then the routing statistics
+  std::vector<double>& local = sync_local_;
+  std::vector<double>& global = sync_global_;
+  local.assign(5 + routing_.size(), 0.0);
+  global.assign(local.size(), 0.0);
+  k_.download(local.data(), scalars_, 2 * sizeof(double));
   local[2] = balance_loss_;
   local[3] = stop_flag_ && stop_flag_->load() != 0 ? 1.0 : 0.0;
   local[4] = failure_flag_ && failure_flag_->load() != 0 ? 1.0 : 0.0;
-  double global[5];
+  std::copy(routing_.begin(), routing_.end(), local.begin() + 5);
   MPI_Request r;
-  MPI_CHECK(MPI_Iallreduce(local, global, 5, MPI_DOUBLE, MPI_SUM, world_, &r));
+  MPI_CHECK(MPI_Iallreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_SUM, world_, &r));
   int flag = 0, round = 0;
   while (true) {
     MPI_CHECK(MPI_Test(&r, &flag, MPI_STATUS_IGNORE));
@@ -531,6 +566,7 @@ void Executor::run_step_sync(const StepSyncArgs& in) {
   metrics_.grad_norm = std::sqrt(global[1]);
   metrics_.stop_requested = global[3] > 0;
   metrics_.failure_reported = global[4] > 0;
+  metrics_.routing.assign(global.begin() + 5, global.end());
   // A NaN or infinity on any rank makes the sums non-finite on every rank alike.
   metrics_.finite = std::isfinite(global[0]) && std::isfinite(global[1]) && std::isfinite(global[2]);
   skip_update_ = !metrics_.finite;

@@ -14,6 +14,7 @@
 
 #include "backend/backend.hpp"
 #include "data/data.hpp"
+#include "plan/owned_slices.hpp"
 #include "plan/plan.hpp"
 #include "plan/state_view.hpp"
 #include "runtime/buffer_store.hpp"
@@ -31,6 +32,9 @@ struct StepMetrics {
   bool finite = true;          // loss and gradient norm were finite; when not, no rank applied the update
   bool stop_requested = false; // some rank's stop flag was set when it entered the step sync
   bool failure_reported = false;  // some rank's failure flag was set when it entered the step sync
+  // Every routing segment's statistics block (SegmentType::routed_experts: loads, then dropped), in segment
+  // order, summed over all ranks: the whole global batch's routing.
+  std::vector<double> routing;
 };
 
 
@@ -111,6 +115,9 @@ class Executor {
   void finish_reduce_scatter(const CollectiveArgs& in);
   void make_communicators();
   Communicator& group(int32_t g);
+  // A parameter moved by its segment's statistics (ParamSpec::statistics_segment), not by the optimizer: the
+  // elements of `piece`, at p.
+  void move_by_statistics(const ParamSpec& spec, const ParamPiece& piece, float* p);
   // count × this rank's index in bucket `bucket`'s group when `flag` is among `flags`, else 0
   int64_t shard_offset(uint8_t flags, uint8_t flag, int64_t count, int32_t bucket) const;
 
@@ -139,6 +146,12 @@ class Executor {
   const std::atomic<int>* stop_flag_ = nullptr;
   const std::atomic<int>* failure_flag_ = nullptr;
   double balance_loss_ = 0;  // host: this rank's balance losses of the step
+  std::vector<double> routing_;             // host: this rank's routing statistics of the step
+  std::vector<int64_t> routing_offset_;     // per segment: its block in routing_ (-1: not a routing segment)
+  std::vector<double> sync_local_, sync_global_;  // the step sync's sums, allocated once
+  std::vector<float> statistics_delta_;             // host: a parameter's step from statistics
+  float* statistics_delta_dev_ = nullptr;           // device: the part of it being added
+  size_t statistics_delta_bytes_ = 0;
   double lr_ = 0;
   StepMetrics metrics_;
 

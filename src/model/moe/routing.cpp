@@ -12,7 +12,7 @@ int RouterShape::capacity() const {
   return int(std::ceil(capacity_factor * double(seq_len) * double(top_k) / double(experts)));
 }
 
-Routing route(const RouterShape& s, const float* logits) {
+Routing route(const RouterShape& s, const float* logits, const float* bias) {
   const int n = s.tokens, E = s.experts, K = s.top_k, T = s.seq_len;
   Routing r;
   r.probs.resize(size_t(n) * E);
@@ -34,7 +34,7 @@ Routing route(const RouterShape& s, const float* logits) {
       int best = -1;
       for (int e = 0; e < E; ++e) {
         if (std::find(sel, sel + k, e) != sel + k) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
+        if (best < 0 || (bias ? p[e] + bias[e] > p[best] + bias[best] : p[e] > p[best])) best = e;
       }
       sel[k] = best;
       w[k] = p[best];

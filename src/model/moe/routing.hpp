@@ -31,7 +31,9 @@ struct Routing {
   double balance = 0;              // Σ over sequences Σ_e f_e · P_e (P_e: mean probability over the sequence)
 };
 
-Routing route(const RouterShape& s, const float* logits);
+// `bias` (E, may be null): added to the probabilities for choosing the top-k only (auxiliary-loss-free
+// balancing, DeepSeek-V3); the combine weights stay the probabilities.
+Routing route(const RouterShape& s, const float* logits, const float* bias = nullptr);
 
 // dlogits(n,E) from dweight(n,K), the gradient of the loss with respect to the combine weights, plus the
 // balance loss scaled by `balance_scale` (aux_loss_coef / sequences of the global batch).

@@ -20,6 +20,8 @@ std::optional<KeyProblem> heads_divide(const ModelDims& d, const KeyGiven& given
   return std::nullopt;
 }
 
+enum Qwen3Value { kBiasUpdateRate };  // this family's slots of ModelDims::family_values
+
 std::vector<ModelKey> keys() {
   using D = ModelDims;
   std::vector<ModelKey> k = decoder_keys();
@@ -60,6 +62,10 @@ std::vector<ModelKey> keys() {
        .fallback = [](const D&) { return 0.001; }, .doc = "weight of the load-balancing loss"},
       {.name = "moe.capacity_factor", .field = &D::moe_capacity_factor, .min = 0, .max = 1e6,
        .fallback = [](const D&) { return 0.0; }, .doc = "tokens an expert takes, times the even share; 0: dropless"},
+      {.name = "moe.bias_update_rate", .field = FamilySlot{kBiasUpdateRate}, .min = 0, .max = 1,
+       .fallback = [](const D&) { return 0.0; },
+       .doc = "auxiliary-loss-free balancing: each step a per-expert selection bias moves by this rate toward even "
+              "loads; 0: none"},
   };
   k.insert(k.end(), own.begin(), own.end());
   return k;
@@ -110,6 +116,11 @@ Model build(const ModelSpec& s) {
       const int64_t E = s.moe_experts, DE = s.moe_d_expert, K = s.moe_top_k;
       Segment dispatch{&moe_dispatch_type(), p + "mlp.router", l, {}, 0};
       dispatch.params = {norm(p + "post_attention_layernorm.weight", C), matrix(p + "mlp.gate.weight", E, C)};
+      if (moe_bias_update_rate(s) > 0) {  // DeepSeek-V3's name for it; moved by the routing statistics
+        const int bias = m.add_param(p + "mlp.gate.e_score_correction_bias", {E}, InitKind::Zeros, 0, false);
+        m.params[size_t(bias)].statistics_segment = int32_t(m.segments.size());
+        dispatch.params.push_back(bias);
+      }
       dispatch.fwd_flops_per_sample = 2.0 * T * C * E;
       m.segments.push_back(dispatch);
       Segment experts{&moe_experts_type(), p + "mlp.experts", l, {}, 0};
@@ -140,6 +151,8 @@ Model build(const ModelSpec& s) {
 }
 
 }  // namespace
+
+double qwen3::moe_bias_update_rate(const ModelDims& d) { return family_value(d, keys(), kBiasUpdateRate); }
 
 const Family& qwen3_family() {
   static const Family f{.kind = "qwen3", .reads_tokens = true, .keys = keys(), .build = build,

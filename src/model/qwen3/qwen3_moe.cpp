@@ -113,15 +113,19 @@ moe::Routing load_routing(Kernels& k, const MoeShape& s, const DispatchStash& st
   return r;
 }
 
-void dispatch_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
   DispatchStash st(io.stash, s);
   k.copy(st.x, io.in, size_t(s.n) * s.C * f);
   k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kMoeNorm], s.n, s.C, s.eps);  // (n,C)
   k.linear_forward(st.probs, st.h, io.w[kRouter], nullptr, s.n, s.C, s.E);   // router logits (n,E)
-  std::vector<float> logits(size_t(s.n) * s.E);
+  std::vector<float> logits(size_t(s.n) * s.E), bias;
   k.download(logits.data(), st.probs, logits.size() * f);
-  const moe::Routing r = moe::route(s.router, logits.data());
+  if (seg.params.size() > kRouterBias) {  // the selection bias (E)
+    bias.resize(size_t(s.E));
+    k.download(bias.data(), io.w[kRouterBias], bias.size() * f);
+  }
+  const moe::Routing r = moe::route(s.router, logits.data(), bias.empty() ? nullptr : bias.data());
   k.upload(st.probs, r.probs.data(), r.probs.size() * f);
   k.upload(st.selected, r.selected.data(), r.selected.size() * i32);
   k.upload(st.weight, r.weight.data(), r.weight.size() * f);
@@ -131,6 +135,10 @@ void dispatch_forward(Kernels& k, const Segment&, const ModelDims& d, const Segm
   k.upload(st.offsets, r.offsets.data(), r.offsets.size() * i32);
   k.upload(st.fraction, r.fraction.data(), r.fraction.size() * f);
   if (io.balance_loss) *io.balance_loss += d.moe_aux_loss_coef * double(io.loss_scale) * s.T * r.balance;
+  if (io.routing) {  // loads (before capacity) and dropped assignments: routing_stats_size(E)
+    for (int32_t e : r.selected) io.routing[e] += 1.0;
+    io.routing[s.E] += double(s.n) * s.K - double(r.offsets[size_t(s.E)]);
+  }
   Ragged out(io.out, s.E);
   std::vector<int32_t> counts(size_t(s.E));
   for (int e = 0; e < s.E; ++e) counts[size_t(e)] = r.offsets[size_t(e) + 1] - r.offsets[size_t(e)];
@@ -156,10 +164,12 @@ void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, con
   k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, io.w[kMoeNorm], s.n, s.C, true);
 }
 
-void dispatch_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+void dispatch_backward_weight(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
   DispatchStash st(io.stash, s);
   DispatchWStash ws(io.wstash, s);
+  // the selection bias is not trained: its gradient is zero (written, so that no buffer keeps another value)
+  if (seg.params.size() > kRouterBias && !io.accumulate(kRouterBias)) k.fill(io.g[kRouterBias], 0.f, size_t(s.E));
   k.linear_backward_weight(io.g[kRouter], nullptr, ws.dlogits, st.h, s.n, s.C, s.E, io.accumulate(kRouter));
   k.rmsnorm_backward_weight(io.g[kMoeNorm], ws.dh, io.in, st.rstd, s.n, s.C, io.accumulate(kMoeNorm));
 }
@@ -168,10 +178,13 @@ void dispatch_backward_weight(Kernels& k, const Segment&, const ModelDims& d, co
 // Input and output: counts of (source rank, local expert) parts, then the rows of each part in that order.
 // With one shard the parts are the E experts; with S shards this rank holds experts [shard·E/S, +E/S) and
 // receives from each of the S ranks its rows for them.
+// Rows received, worst case: from each of the S ranks, all its assignments, or with a capacity at most that
+// capacity for each of its sequences and each of this rank's experts.
 struct ExpertsShape : MoeShape {
-  int shards, local, parts, rows;  // rows: worst case received
+  int shards, local, parts, rows;
   ExpertsShape(const ModelDims& d, int samples, int shards_)
-      : MoeShape(d, samples), shards(shards_), local(d.moe_experts / shards_), parts(d.moe_experts), rows(A * shards_) {}
+      : MoeShape(d, samples), shards(shards_), local(d.moe_experts / shards_), parts(d.moe_experts),
+        rows(shards_ * std::min(A, b * local * router.capacity())) {}
 };
 
 struct ExpertsStash {
@@ -331,12 +344,24 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   k.copy(link.dresidual, io.dout, size_t(s.n) * s.C * f);                                    // residual
 }
 
+// Auxiliary-loss-free balancing (DeepSeek-V3): an expert loaded below the mean gets its selection bias raised
+// by the rate, one above lowered; loads are the global batch's (RoutingStats: E loads, then dropped).
+void bias_step(const ModelDims& d, const double* routing, float* delta) {
+  const int E = d.moe_experts;
+  double mean = 0;
+  for (int e = 0; e < E; ++e) mean += routing[e] / E;
+  const float rate = float(moe_bias_update_rate(d));
+  for (int e = 0; e < E; ++e) delta[e] = routing[e] < mean ? rate : (routing[e] > mean ? -rate : 0.f);
+}
+
 }  // namespace
 
 const SegmentType& moe_dispatch_type() {
   static const SegmentType t{.name = "qwen3.moe_dispatch", .sizes = dispatch_sizes, .forward = dispatch_forward,
                              .backward_input = dispatch_backward_input, .backward_weight = dispatch_backward_weight,
-                             .adds_balance_loss = true};
+                             .adds_balance_loss = true,
+                             .routed_experts = [](const ModelDims& d) { return d.moe_experts; },
+                             .statistics_step = bias_step};
   return t;
 }
 

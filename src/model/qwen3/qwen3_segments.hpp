@@ -13,7 +13,11 @@ enum MlpParam { kPostAttentionNorm, kGateProj, kUpProj, kDownProj, kMlpParams };
 enum HeadParam { kFinalNorm, kLmHead, kHeadParams };
 // A mixture-of-experts MLP is three segments: dispatch (these parameters), experts (for expert e: gate_proj
 // at 3e, up_proj at 3e + 1, down_proj at 3e + 2) and combine (none).
-enum MoeDispatchParam { kMoeNorm, kRouter, kMoeDispatchParams };
+// The selection bias (auxiliary-loss-free balancing) follows them when moe.bias_update_rate > 0.
+enum MoeDispatchParam { kMoeNorm, kRouter, kMoeDispatchParams, kRouterBias = kMoeDispatchParams };
+
+// qwen3.cpp: moe.bias_update_rate (0: no selection bias)
+double moe_bias_update_rate(const ModelDims& d);
 
 const SegmentType& embed_type();
 const SegmentType& attention_type();
