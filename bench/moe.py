@@ -31,8 +31,9 @@ LABELS = {"1f1b": "PP2 x EP2, 1F1B", "dualpipev": "PP2 x EP2, DualPipeV", "ep4-d
 
 
 def strategy(kind, m):
-    if kind.startswith("ep"):  # one stage on 4 ranks: expert groups of 4 (the whole set) or of 2
-        return f"\n[mesh]\ndp = 4\nep = {kind[2]}\nzero = 1\nmicrobatches = {m}\n"
+    if kind.startswith("ep"):  # one stage on 4 ranks: expert groups of 4 (the whole set) or of 2; each replica
+        # has 4 of the 16 sequences, in 2 microbatches
+        return f"\n[mesh]\ndp = 4\nep = {kind[2]}\nzero = 1\nmicrobatches = 2\n"
     text = "\n[[annotate]]\ntag = \"EP\"\nsegments = [\n" + EXPERTS + "\n]\n"
     text += f"\n[[directive]]\nop = \"split\"\ncount = {m}\n"
     if kind == "1f1b":
@@ -130,8 +131,8 @@ def main():
             print(f"  round {r} {kind}: step {res[0]:.1f} ms, all-to-all {res[1]:.1f} ms, exposed {res[2]:.1f} ms",
                   flush=True)
     print()
-    print(f"4 ranks, {a.microbatches} microbatches, median over {a.rounds} rounds of the mean over ranks "
-          f"of steps 2-{a.steps}")
+    print(f"4 ranks, 16 sequences a step ({a.microbatches} microbatches under PP2, 2 per replica under DP4), median "
+          f"over {a.rounds} rounds of the mean over ranks of steps 2-{a.steps}")
     head = ("layout", "step ms (predicted)", "all-to-all ms (predicted)", "exposed all-to-all ms (predicted)",
             "hidden share (predicted)")
     print("| " + " | ".join(head) + " |")
