@@ -5,7 +5,8 @@ with ZeRO-1 and ZeRO-3 on experts and dense parameters, from [mesh] ep and from 
 PP2 under DualPipeV on 8 ranks, and resuming an EP2 x DP2 checkpoint as one process and as EP4 each train the
 same run as one process within 1e-5 over 20 steps (also from [mesh] with DualPipeV's V of 2·pp stages), with the
 same per-layer routing statistics (overload, dropped assignments), also with auxiliary-loss-free bias balancing
-(which evens the loads and resumes from a checkpoint); bad group sizes are rejected with exit 2."""
+(which evens the loads and resumes from a checkpoint), and with shared experts; bad group sizes are rejected with
+exit 2."""
 import os
 import statistics
 
@@ -131,6 +132,23 @@ def main():
         "--resume", os.path.join(ck, "step_00000010.h5"), "--metrics", out)
     compare("bias balancing: resume the EP2 x DP2 checkpoint as one process", [m["loss"] for m in runs[0.01]][10:],
             losses(out), RTOL)
+
+    # Shared experts (every token through one SwiGLU of their summed width besides its routed experts), in
+    # the combine's region: data-parallel like the other dense parameters.
+    def shared(name, extra=""):
+        return job(name, 0.0, extra).replace("capacity_factor = 0.0", "capacity_factor = 0.0\nshared_experts = 2\nd_shared = 12")
+    ref = os.path.join(d, "shared-ref.jsonl")
+    run(1, write(d, "shared-ref.toml", shared("shared")), "--metrics", ref)
+    for name, ranks, extra in (("shared experts, EP2 inside DP4, ZeRO-1", 4, PATTERN + replicate(1) + shard(2)),
+                               ("shared experts, EP2 x DP2 x PP2 under DualPipeV, ZeRO-3", 8,
+                                mesh(4, 2, zero=3, pp=2, schedule="dualpipev"))):
+        out = os.path.join(d, "shared.jsonl")
+        run(ranks, write(d, "shared.toml", shared("shared", extra)), "--metrics", out, timeout=300)
+        compare(name, losses(ref), losses(out), RTOL)
+    if "mlp.shared_experts.gate_proj.weight" not in run(1, write(d, "shared-dry.toml", shared("shared")),
+                                                        "--dry-run", "--dump-plan", os.path.join(d, "shared-plan")).stdout + \
+            open(os.path.join(d, "shared-plan", "plan_set0.txt")).read():
+        fail("the shared experts' parameters are not in the plan under DeepSeek-V3's names")
 
     # Group sizes that do not divide the ranks are rejected before training, with what would be right.
     for extra, want in ((PATTERN + replicate() + shard(3), "does not divide the 4 ranks"),

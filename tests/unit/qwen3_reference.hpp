@@ -73,6 +73,7 @@ struct MoeRefDims {
   int experts = 0, top_k = 2, d_expert = 0, every = 1;
   bool norm_topk = true;
   double aux_coef = 0, capacity_factor = 0;
+  int shared = 0;  // the shared experts' summed width (0: none)
 };
 
 struct Qwen3RefDims {
@@ -167,6 +168,14 @@ inline double qwen3_loss_ref(const Qwen3RefDims& d, const std::vector<std::vecto
       for (int i = 0; i < 3 * d.moe.experts; ++i) experts.push_back(&P[at++]);
       auto m = moe_ref(h2, router, experts, d, &balance);
       for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+      if (d.moe.shared > 0) {  // shared experts: one SwiGLU of their summed width on the same normed input
+        const auto &sg = P[at++], &su = P[at++], &sd = P[at++];
+        auto g = linear_ref(h2, sg, no_bias, n, d.C, d.moe.shared);
+        auto u = linear_ref(h2, su, no_bias, n, d.C, d.moe.shared);
+        for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        auto y = linear_ref(g, sd, no_bias, n, d.moe.shared, d.C);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      }
       continue;
     }
     const auto &wg = P[at++], &wu = P[at++], &wd = P[at++];

@@ -9,8 +9,11 @@
 
 #include "backend/cpu/cpu_kernels.hpp"
 #include "config/job.hpp"
+#include "config/load.hpp"
 #include "model/segment_type.hpp"
 #include "model/build.hpp"
+#include "util/error.hpp"
+#include "model/qwen3/qwen3_segments.hpp"
 #include "qwen3_reference.hpp"
 #include "test_util.hpp"
 
@@ -210,7 +213,7 @@ struct Net {
       Qwen3RefDims q{samples, d.seq_len, d.d_model, d.n_heads, d.n_kv_heads, d.head_dim, d.d_ff, d.vocab,
                      d.n_layers, d.norm_eps, d.rope_theta, d.qk_norm, {}};
       q.moe = {d.moe_experts, d.moe_top_k, d.moe_d_expert, d.moe_every, d.moe_norm_topk_prob, d.moe_aux_loss_coef,
-               d.moe_capacity_factor};
+               d.moe_capacity_factor, d.moe_experts > 0 ? qwen3::moe_shared_width(d) : 0};
       return qwen3_loss_ref(q, params, d.tie_embeddings, tokens, targets);
     }
     if (model.kind == "gpt") {
@@ -268,10 +271,17 @@ ModelSpec small_qwen3(bool tied, bool qk_norm, int kv_heads = 2) {
 
 // Qwen3 with a mixture of experts in every `every`-th layer: 4 experts, top-2, a large balance coefficient
 // so its gradient shows, optionally a capacity that drops tokens.
-ModelSpec small_qwen3_moe(int every, double capacity, bool norm_topk) {
+ModelSpec small_qwen3_moe(int every, double capacity, bool norm_topk, int shared_width = 0) {
   ModelSpec s = small_qwen3(false, true);
   s.moe_experts = 4, s.moe_top_k = 2, s.moe_d_expert = 8, s.moe_every = every;
   s.moe_norm_topk_prob = norm_topk, s.moe_aux_loss_coef = 0.05, s.moe_capacity_factor = capacity;
+  if (shared_width > 0) {  // one shared expert of that width, through the job loader's own keys
+    const JobSpec job = load_job_text(cat("[model]\nkind = \"qwen3\"\n[model.moe]\nshared_experts = 1\nd_shared = ",
+                                          shared_width, "\n[data]\npath = \"", scratch_data_file(), "\"\n"),
+                                      "job.toml");
+    std::copy(std::begin(job.model.family_values), std::end(job.model.family_values), std::begin(s.family_values));
+    s.family_given = job.model.family_given;
+  }
   return s;
 }
 
@@ -481,12 +491,15 @@ TEST_CASE("Qwen3 MoE: the loss (balance loss included) matches a double-precisio
     int every;
     double capacity;
     bool norm_topk;
+    int shared = 0;  // shared experts' width
   };
-  for (Case c : {Case{1, 0.0, true}, Case{2, 0.0, false}, Case{1, 0.7, true}}) {
+  for (Case c : {Case{1, 0.0, true}, Case{2, 0.0, false}, Case{1, 0.7, true}, Case{1, 0.0, true, 6},
+                 Case{2, 0.7, true, 6}}) {
     for (int threads : {1, 2}) {
-      INFO("every " << c.every << " capacity " << c.capacity << " norm_topk " << c.norm_topk << " threads " << threads);
+      INFO("every " << c.every << " capacity " << c.capacity << " norm_topk " << c.norm_topk << " shared " << c.shared
+                    << " threads " << threads);
       CpuKernels k(threads);
-      Net net(small_qwen3_moe(c.every, c.capacity, c.norm_topk), 2, 71);
+      Net net(small_qwen3_moe(c.every, c.capacity, c.norm_topk, c.shared), 2, 71);
       net.randomize(72, 0.3);
       CHECK(net.forward(k) == Approx(net.reference_loss()).epsilon(2e-5));
       CHECK(net.buffers_intact());
@@ -494,16 +507,17 @@ TEST_CASE("Qwen3 MoE: the loss (balance loss included) matches a double-precisio
   }
 }
 
-TEST_CASE("Qwen3 MoE: gradients of router and experts match finite differences", "[layers][qwen3][moe]") {
+TEST_CASE("Qwen3 MoE: gradients of router, experts and shared experts match finite differences", "[layers][qwen3][moe]") {
   struct Case {
     int every;
     double capacity;
     bool norm_topk;
+    int shared = 0;  // shared experts' width
   };
-  for (Case c : {Case{1, 0.0, true}, Case{2, 0.0, false}, Case{1, 0.7, true}}) {
-    INFO("every " << c.every << " capacity " << c.capacity << " norm_topk " << c.norm_topk);
+  for (Case c : {Case{1, 0.0, true}, Case{2, 0.0, false}, Case{1, 0.7, true}, Case{1, 0.0, true, 6}}) {
+    INFO("every " << c.every << " capacity " << c.capacity << " norm_topk " << c.norm_topk << " shared " << c.shared);
     CpuKernels k(2);
-    Net net(small_qwen3_moe(c.every, c.capacity, c.norm_topk), 2, 81);
+    Net net(small_qwen3_moe(c.every, c.capacity, c.norm_topk, c.shared), 2, 81);
     net.randomize(82, 0.2);
     check_all_gradients(net, k, 0.002, false);
   }
@@ -513,7 +527,7 @@ TEST_CASE("Qwen3 MoE: split backward is bit-identical to fused", "[layers][qwen3
   for (int threads : {1, 2}) {
     INFO("threads " << threads);
     CpuKernels k(threads);
-    Net net(small_qwen3_moe(1, 0.7, true), 2, 91);
+    Net net(small_qwen3_moe(1, 0.7, true, 6), 2, 91);
     net.randomize(92, 0.3);
     check_split_equals_fused(net, k);
   }

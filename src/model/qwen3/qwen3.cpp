@@ -20,7 +20,14 @@ std::optional<KeyProblem> heads_divide(const ModelDims& d, const KeyGiven& given
   return std::nullopt;
 }
 
-enum Qwen3Value { kBiasUpdateRate };  // this family's slots of ModelDims::family_values
+enum Qwen3Value { kBiasUpdateRate, kSharedExperts, kDShared };  // this family's slots of ModelDims::family_values
+
+// A count kept in a family slot (a float) must be a whole number.
+std::optional<KeyProblem> whole(const ModelDims& d, int slot, const char* key) {
+  const double v = d.family_values[slot];
+  if (!((d.family_given >> slot) & 1u) || v == std::floor(v)) return std::nullopt;
+  return KeyProblem{key, cat(key, " = ", v, " must be a whole number")};
+}
 
 std::vector<ModelKey> keys() {
   using D = ModelDims;
@@ -66,6 +73,13 @@ std::vector<ModelKey> keys() {
        .fallback = [](const D&) { return 0.0; },
        .doc = "auxiliary-loss-free balancing: each step a per-expert selection bias moves by this rate toward even "
               "loads; 0: none"},
+      {.name = "moe.shared_experts", .field = FamilySlot{kSharedExperts}, .min = 0, .max = 1 << 10,
+       .fallback = [](const D&) { return 0.0; },
+       .doc = "experts every token goes through besides its routed ones (DeepSeek-V3); 0: none",
+       .check = [](const D& d, const KeyGiven&) { return whole(d, kSharedExperts, "moe.shared_experts"); }},
+      {.name = "moe.d_shared", .field = FamilySlot{kDShared}, .min = 1, .max = 1 << 22,
+       .fallback = [](const D& d) { return double(d.moe_d_expert); }, .doc = "width of a shared expert's hidden layer",
+       .check = [](const D& d, const KeyGiven&) { return whole(d, kDShared, "moe.d_shared"); }},
   };
   k.insert(k.end(), own.begin(), own.end());
   return k;
@@ -132,7 +146,14 @@ Model build(const ModelSpec& s) {
       }
       experts.fwd_flops_per_sample = 2.0 * T * K * 3.0 * C * DE;
       m.segments.push_back(experts);
-      m.segments.push_back(Segment{&moe_combine_type(), p + "mlp.combine", l, {}, 0});
+      Segment combine{&moe_combine_type(), p + "mlp.combine", l, {}, 0};
+      if (const int64_t S = moe_shared_width(s); S > 0) {  // DeepSeek-V3's shared experts, as one SwiGLU of width S
+        combine.params = {matrix(p + "mlp.shared_experts.gate_proj.weight", S, C),
+                          matrix(p + "mlp.shared_experts.up_proj.weight", S, C),
+                          matrix(p + "mlp.shared_experts.down_proj.weight", C, S)};
+        combine.fwd_flops_per_sample = 2.0 * T * 3.0 * C * S;
+      }
+      m.segments.push_back(combine);
       continue;
     }
     Segment mlp{&mlp_type(), p + "mlp", l, {}, 0};
@@ -153,6 +174,10 @@ Model build(const ModelSpec& s) {
 }  // namespace
 
 double qwen3::moe_bias_update_rate(const ModelDims& d) { return family_value(d, keys(), kBiasUpdateRate); }
+
+int qwen3::moe_shared_width(const ModelDims& d) {
+  return int(family_value(d, keys(), kSharedExperts)) * int(family_value(d, keys(), kDShared));
+}
 
 const Family& qwen3_family() {
   static const Family f{.kind = "qwen3", .reads_tokens = true, .keys = keys(), .build = build,

@@ -16,11 +16,12 @@ const size_t f = sizeof(float), i32 = sizeof(int32_t);
 
 struct MoeShape {
   int b, T, n, C, E, K, DE, A;
+  int S;  // the shared experts' summed width (0: none)
   float eps;
   moe::RouterShape router;
   MoeShape(const ModelDims& d, int samples)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), E(d.moe_experts), K(d.moe_top_k),
-        DE(d.moe_d_expert), eps(float(d.norm_eps)) {
+        DE(d.moe_d_expert), S(moe_shared_width(d)), eps(float(d.norm_eps)) {
     router = {n, T, E, K, d.moe_norm_topk_prob, d.moe_capacity_factor};
     // worst case: every assignment kept (dropless), or every expert full in every sequence
     A = std::min(n * K, b * E * router.capacity());
@@ -53,7 +54,7 @@ struct Ragged {
 // The dispatch stash, shared with the combine (its link): forward → backward state of the routing, the
 // input kept for the residual, and the slots the combine's backward fills for the dispatch's.
 struct DispatchStash {
-  float *x, *h, *rstd, *probs, *weight, *token_weight, *fraction, *dweight, *dresidual;
+  float *x, *h, *rstd, *probs, *weight, *token_weight, *fraction, *dweight, *dresidual, *dshared;
   int32_t *selected, *position, *token, *offsets;
   size_t bytes;
   DispatchStash(void* p, const MoeShape& s) {
@@ -71,6 +72,7 @@ struct DispatchStash {
     fraction = c.take<float>(int64_t(s.b) * s.E);       // (b,E)
     dweight = c.take<float>(int64_t(s.n) * s.K);        // from the combine's backward: d combine weights (n,K)
     dresidual = c.take<float>(int64_t(s.n) * s.C);      // from the combine's backward: d output (n,C)
+    dshared = c.take<float>(s.S > 0 ? int64_t(s.n) * s.C : 0);  // from it too: d normed input, shared path (n,C)
     bytes = c.at;
   }
 };
@@ -153,6 +155,7 @@ void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, con
   const moe::Routing r = load_routing(k, s, st);
   Ragged dx(io.dout, s.E);  // d expert inputs, expert-ordered
   k.combine_rows(ws.dh, dx.rows, st.position, nullptr, s.n, s.K, s.C, false);  // d normed input from experts
+  if (s.S > 0) k.accumulate(ws.dh, st.dshared, size_t(s.n) * s.C);             // + from the shared experts
   // router: d combine weights (from the combine) and the balance loss → d logits, on the host
   std::vector<float> dweight(size_t(s.n) * s.K), dlogits(size_t(s.n) * s.E);
   k.download(dweight.data(), st.dweight, dweight.size() * f);
@@ -315,11 +318,40 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
 }
 
 // ---------------------------------------------------------------- combine: expert outputs → x + Σ_k w_k y_k
+// With shared experts also + SwiGLU_shared(h), h the dispatch's normed input: a = silu(h·Wgᵀ)·(h·Wuᵀ) (n,S), a·Wdᵀ.
+struct SharedStash {  // forward → backward (n,S) each
+  float *g, *u, *a;
+  size_t bytes;
+  SharedStash(void* p, const MoeShape& s) {
+    Carver c(p);
+    g = c.take<float>(int64_t(s.n) * s.S);
+    u = c.take<float>(int64_t(s.n) * s.S);
+    a = c.take<float>(int64_t(s.n) * s.S);
+    bytes = c.at;
+  }
+};
+
+struct SharedWStash {  // backward input → backward weight (n,S) each
+  float *dg, *du;
+  size_t bytes;
+  SharedWStash(void* p, const MoeShape& s) {
+    Carver c(p);
+    dg = c.take<float>(int64_t(s.n) * s.S);
+    du = c.take<float>(int64_t(s.n) * s.S);
+    bytes = c.at;
+  }
+};
+
 SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
   MoeShape s(d, samples);
   SegmentSizes z;
   z.input_bytes = Ragged::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
   z.out_bytes = size_t(s.n) * s.C * f;
+  if (s.S > 0) {
+    z.stash_bytes = SharedStash(nullptr, s).bytes;
+    z.wstash_bytes = SharedWStash(nullptr, s).bytes;
+    z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.S * f;  // (a fused backward's wstash first) + d a (n,S)
+  }
   return z;
 }
 
@@ -327,7 +359,16 @@ void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   MoeShape s(d, io.samples);
   DispatchStash link(io.link, s);
   Ragged y(io.in, s.E);
-  k.copy(io.out, link.x, size_t(s.n) * s.C * f);                                    // residual
+  if (s.S > 0) {  // out = SwiGLU_shared(h), then the residual and the routed experts are added
+    SharedStash st(io.stash, s);
+    k.linear_forward(st.g, link.h, io.w[kSharedGate], nullptr, s.n, s.C, s.S);  // (n,S)
+    k.linear_forward(st.u, link.h, io.w[kSharedUp], nullptr, s.n, s.C, s.S);    // (n,S)
+    k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.S);
+    k.linear_forward(io.out, st.a, io.w[kSharedDown], nullptr, s.n, s.S, s.C);  // (n,C)
+    k.accumulate(io.out, link.x, size_t(s.n) * s.C);                           // + residual
+  } else {
+    k.copy(io.out, link.x, size_t(s.n) * s.C * f);  // residual
+  }
   k.combine_rows(io.out, y.rows, link.position, link.weight, s.n, s.K, s.C, true);  // + Σ_k w_k · y
 }
 
@@ -342,6 +383,26 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   k.gather_rows(dy.rows, io.dout, link.token, link.token_weight, offsets[size_t(s.E)], s.C);  // w · dout (m,C)
   k.rows_dot(link.dweight, io.dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
   k.copy(link.dresidual, io.dout, size_t(s.n) * s.C * f);                                    // residual
+  if (s.S > 0) {  // shared experts: d h into the dispatch's stash, d g and d u for the weights
+    SharedStash st(io.stash, s);
+    SharedWStash ws(io.wstash, s);
+    float* da = io.workspace;                                                                  // (n,S)
+    k.linear_backward_input(da, io.dout, io.w[kSharedDown], s.n, s.S, s.C, false);
+    k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(s.n) * s.S);
+    k.linear_backward_input(link.dshared, ws.dg, io.w[kSharedGate], s.n, s.C, s.S, false);
+    k.linear_backward_input(link.dshared, ws.du, io.w[kSharedUp], s.n, s.C, s.S, true);
+  }
+}
+
+void combine_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  MoeShape s(d, io.samples);
+  if (s.S == 0) return;
+  DispatchStash link(io.link, s);
+  SharedStash st(io.stash, s);
+  SharedWStash ws(io.wstash, s);
+  k.linear_backward_weight(io.g[kSharedDown], nullptr, io.dout, st.a, s.n, s.S, s.C, io.accumulate(kSharedDown));
+  k.linear_backward_weight(io.g[kSharedGate], nullptr, ws.dg, link.h, s.n, s.C, s.S, io.accumulate(kSharedGate));
+  k.linear_backward_weight(io.g[kSharedUp], nullptr, ws.du, link.h, s.n, s.C, s.S, io.accumulate(kSharedUp));
 }
 
 // Auxiliary-loss-free balancing (DeepSeek-V3): an expert loaded below the mean gets its selection bias raised
@@ -374,7 +435,8 @@ const SegmentType& moe_experts_type() {
 
 const SegmentType& moe_combine_type() {
   static const SegmentType t{.name = "qwen3.moe_combine", .sizes = combine_sizes, .forward = combine_forward,
-                             .backward_input = combine_backward_input, .link_offset = -2};
+                             .backward_input = combine_backward_input, .backward_weight = combine_backward_weight,
+                             .link_offset = -2};
   return t;
 }
 

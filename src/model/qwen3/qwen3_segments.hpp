@@ -16,8 +16,12 @@ enum HeadParam { kFinalNorm, kLmHead, kHeadParams };
 // The selection bias (auxiliary-loss-free balancing) follows them when moe.bias_update_rate > 0.
 enum MoeDispatchParam { kMoeNorm, kRouter, kMoeDispatchParams, kRouterBias = kMoeDispatchParams };
 
-// qwen3.cpp: moe.bias_update_rate (0: no selection bias)
+// The combine's parameters with shared experts (moe.shared_experts > 0): one SwiGLU of their summed width.
+enum MoeSharedParam { kSharedGate, kSharedUp, kSharedDown, kMoeSharedParams };
+
+// qwen3.cpp: moe.bias_update_rate (0: no selection bias); shared_experts × d_shared (0: no shared experts)
 double moe_bias_update_rate(const ModelDims& d);
+int moe_shared_width(const ModelDims& d);
 
 const SegmentType& embed_type();
 const SegmentType& attention_type();
