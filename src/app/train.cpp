@@ -278,11 +278,12 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       trace.insert(trace.end(), ev.begin(), ev.end());
     }
     if (rank == 0) {
+      const std::vector<LayerRouting> routing = routing_report(plan.segments, plan.dims, m.routing);
       if ((step + 1) % plan.log_every == 0 || step + 1 == end) {
         std::printf("step %6lld | loss %.6f", static_cast<long long>(step + 1), m.loss);
         if (balance) std::printf(" (balance %.3e)", m.balance_loss);
         std::printf(" | lr %.3e | %10.0f tok/s | %8.2f ms%s\n", m.lr, tokens_per_step / dt, dt * 1e3,
-                    routing_step_text(routing_report(plan.segments, plan.dims, m.routing)).c_str());
+                    routing_step_text(routing).c_str());
       }
       std::fflush(stdout);
       if (!m.finite)
@@ -304,7 +305,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                       "\"ms\": %.6g, \"flops_per_s\": %.6g",
                       static_cast<long long>(step + 1), json_number(m.loss).c_str(), extra.c_str(), m.lr,
                       json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt);
-        metrics << line << routing_json(routing_report(plan.segments, plan.dims, m.routing)) << "}\n" << std::flush;
+        metrics << line << routing_json(routing) << "}\n" << std::flush;
         if (!metrics) {
           std::fprintf(stderr, "piper: error: --metrics %s: cannot write the line of step %lld: %s; the run ends "
                        "after the next step%s\n", opts.metrics.c_str(), static_cast<long long>(step + 1),

@@ -81,6 +81,34 @@ def tiny_qwen3(name="q", steps=20, layers=4, batch=16, tied=False, extra=""):
                              tied="true" if tied else "false") + extra
 
 
+def tiny_qwen3_moe(name="q", capacity=0.0, layers=4, extra=""):
+    """tiny_qwen3 with a mixture of experts in every layer: 4 experts of width 24, top-2, balance loss 0.01."""
+    moe = (f"\n[model.moe]\nexperts = 4\ntop_k = 2\nd_expert = 24\naux_loss_coef = 0.01\n"
+           f"capacity_factor = {capacity}\n")
+    return tiny_qwen3(name=name, layers=layers).replace("\n[data]", moe + "\n[data]", 1) + extra
+
+
+def moe_reference_losses(d, capacities=(0.0, 0.6)):
+    """{capacity: losses} of tiny_qwen3_moe on one process, 20 steps; metrics in d/ref{capacity}.jsonl."""
+    refs = {}
+    for capacity in capacities:
+        path = os.path.join(d, f"ref{capacity}.jsonl")
+        run(1, write(d, f"ref{capacity}.toml", tiny_qwen3_moe("ref", capacity)), "--metrics", path)
+        refs[capacity] = losses(path)
+    return refs
+
+
+def replicate(zero=0):
+    """A replicate directive over every region (experts with copies included) at a ZeRO level."""
+    return f'\n[[directive]]\nop = "replicate"\nfilter = {{}}\nzero = {zero}\n'
+
+
+def shard(group=0, stream="ep"):
+    """A shard directive over the EP regions: expert groups of `group` ranks (0: the whole device set)."""
+    text = f'\n[[directive]]\nop = "shard"\nfilter = {{ EP = "*" }}\nstream = "{stream}"\n'
+    return text + (f"group = {group}\n" if group else "")
+
+
 def tiny_gpt(name="t", steps=20, layers=4, batch=16, extra=""):
     return TINY_GPT.format(name=name, steps=steps, layers=layers, batch=batch, data=DATA) + extra
 

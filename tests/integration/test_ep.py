@@ -7,7 +7,8 @@ model's timeline DualPipeV's slots hide at least half of the all-to-all time 1F1
 import os
 import sys
 
-from common import DATA, ROOT, compare, fail, losses, pipeline, run, split, tempdir, tiny_qwen3, write
+from common import (DATA, ROOT, compare, fail, losses, moe_reference_losses, pipeline, replicate, run, shard,
+                    split, tempdir, tiny_qwen3_moe, write)
 
 DATA_LINE = f'path = "{DATA}"'
 
@@ -16,22 +17,12 @@ LAYERS = 4
 
 
 def job(name, capacity=0.0, extra=""):
-    moe = (f"\n[model.moe]\nexperts = 4\ntop_k = 2\nd_expert = 24\naux_loss_coef = 0.01\n"
-           f"capacity_factor = {capacity}\n")
-    return tiny_qwen3(name=name, layers=LAYERS).replace("\n[data]", moe + "\n[data]", 1) + extra
+    return tiny_qwen3_moe(name, capacity, LAYERS, extra)
 
 
 def experts_annotation():
     ranges = [[f"model.layers.{i}.mlp.experts"] * 2 for i in range(LAYERS)]
     return "\n[[annotate]]\ntag = \"EP\"\nsegments = " + str(ranges).replace("'", '"') + "\n"
-
-
-def shard(stream="ep"):
-    return f"\n[[directive]]\nop = \"shard\"\nfilter = {{ EP = \"*\" }}\nstream = \"{stream}\"\n"
-
-
-def replicate(zero=0):
-    return f"\n[[directive]]\nop = \"replicate\"\nfilter = {{}}\nzero = {zero}\n"
 
 
 def pair(stage):
@@ -46,11 +37,7 @@ def v_pair(stage):
 
 def main():
     d = tempdir()
-    refs = {}
-    for capacity in (0.0, 0.6):
-        path = os.path.join(d, f"ref{capacity}.jsonl")
-        run(1, write(d, f"ref{capacity}.toml", job("ref", capacity)), "--metrics", path)
-        refs[capacity] = losses(path)
+    refs = moe_reference_losses(d)
     ep = experts_annotation()
     experts = replicate() + shard()  # the rest replicated, the experts sharded inside each device set
     cases = [

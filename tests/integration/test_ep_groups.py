@@ -10,7 +10,8 @@ exit 2."""
 import os
 import statistics
 
-from common import compare, fail, losses, metrics, pipeline, run, tempdir, tiny_qwen3, write
+from common import (compare, fail, losses, metrics, moe_reference_losses, pipeline, replicate, run, shard, tempdir,
+                    tiny_qwen3_moe, write)
 
 RTOL = 1e-5
 LAYERS = 4
@@ -18,17 +19,7 @@ PATTERN = '\n[[annotate]]\ntag = "EP"\nsegments = "model.layers.*.mlp.experts"\n
 
 
 def job(name, capacity=0.0, extra=""):
-    moe = (f"\n[model.moe]\nexperts = 4\ntop_k = 2\nd_expert = 24\naux_loss_coef = 0.01\n"
-           f"capacity_factor = {capacity}\n")
-    return tiny_qwen3(name=name, layers=LAYERS).replace("\n[data]", moe + "\n[data]", 1) + extra
-
-
-def shard(group):
-    return f'\n[[directive]]\nop = "shard"\nfilter = {{ EP = "*" }}\ngroup = {group}\n'
-
-
-def replicate(zero=0):
-    return f'\n[[directive]]\nop = "replicate"\nfilter = {{}}\nzero = {zero}\n'
+    return tiny_qwen3_moe(name, capacity, LAYERS, extra)
 
 
 def v_set(stage):
@@ -49,11 +40,7 @@ def mesh(dp, ep, zero=0, pp=1, schedule=None, microbatches=0):
 
 def main():
     d = tempdir()
-    refs = {}
-    for capacity in (0.0, 0.6):
-        path = os.path.join(d, f"ref{capacity}.jsonl")
-        run(1, write(d, f"ref{capacity}.toml", job("ref", capacity)), "--metrics", path)
-        refs[capacity] = losses(path)
+    refs = moe_reference_losses(d)
 
     cases = [
         ("EP2 inside DP4, dropless", 4, 0.0, PATTERN + replicate() + shard(2)),

@@ -34,6 +34,12 @@ std::vector<double> add_prior(std::vector<double> v, const std::vector<float>& p
   return v;
 }
 
+std::vector<int32_t> hot_tokens(std::mt19937& gen, size_t n, int V) {  // every third row scatters into token 7
+  auto tok = tokens(gen, n, V);
+  for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 7;
+  return tok;
+}
+
 Twin overwrite_then_add(std::vector<std::pair<std::string, size_t>> outs,
                         std::function<void(Kernels&, Buffers&, const std::vector<float*>&)> overwrite, double rtol) {
   return {.what = "accumulate against overwrite then add",

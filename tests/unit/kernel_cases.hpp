@@ -29,6 +29,7 @@ HostTensor as_f32(const std::vector<double>& v);
 std::vector<float> filled(size_t n, float v);  // the start of an output that must be written, not read
 double dot(const std::vector<float>& a, const std::vector<double>& b);
 std::vector<double> add_prior(std::vector<double> v, const std::vector<float>& prior, bool accumulate);
+std::vector<int32_t> hot_tokens(std::mt19937& gen, size_t n, int V);  // tokens; every third one is token 7
 
 // The twin of an accumulating call: the same call overwriting scratch, then accumulate() into each output.
 // `overwrite` gets the scratch pointers in the order of `outs` (name, floats).

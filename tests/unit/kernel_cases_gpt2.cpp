@@ -402,13 +402,6 @@ void attention_cases(std::vector<KernelCase>& cases) {
   }
 }
 
-// tokens with a hot one: every third row scatters into token 7
-std::vector<int32_t> hot_tokens(std::mt19937& gen, size_t n, int V) {
-  auto tok = tokens(gen, n, V);
-  for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 7;
-  return tok;
-}
-
 void embedding_cases(std::vector<KernelCase>& cases) {
   struct Shape {
     int B, T, C, V;

@@ -257,13 +257,6 @@ void swiglu_cases(std::vector<KernelCase>& cases) {
   }
 }
 
-// tokens with a hot one: every third row scatters into token 7
-std::vector<int32_t> hot_tokens(std::mt19937& gen, size_t n, int V) {
-  auto tok = tokens(gen, n, V);
-  for (size_t i = 0; i < tok.size(); i += 3) tok[i] = 7;
-  return tok;
-}
-
 void token_embedding_cases(std::vector<KernelCase>& cases) {
   // small with a token that never occurs; odd; split across threads; Qwen3's vocabulary size class
   for (auto [N, C, V] : {std::tuple{12, 8, 5}, std::tuple{60, 40, 300}, std::tuple{1024, 40, 50},
