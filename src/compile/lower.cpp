@@ -11,6 +11,7 @@
 #include "compile/finalize.hpp"
 #include "compile/sequence.hpp"
 #include "model/segment_type.hpp"
+#include "passes/passes.hpp"
 #include "plan/owned_slices.hpp"
 #include "util/error.hpp"
 
@@ -164,11 +165,11 @@ class Lowerer {
 
   // ---------------------------------------------------------------- buckets and parameters
   // Ranks of an expert group over which a sharded region's buckets are sliced (1: not sliced).
-  int slices_of(const Region& r) const { return r.shard_directive >= 0 && n_ > 1 ? std::max(1, r.shard_group) : 1; }
+  int slices_of(const Region& r) const { return r.shard_directive >= 0 ? r.shard_group : 1; }
   // Replicated: more than one rank holds the same parameters (the set, or the copies of one expert slice).
   bool replicated(const Bucket& b) const {
     const Region& r = g_.regions[size_t(b.region)];
-    return r.zero >= 0 && n_ / slices_of(r) > 1;
+    return r.zero >= 0 && copies(g_, r) > 1;
   }
   // The group of a bucket's replicas: the whole set, or the replicas holding the same slice.
   GroupRef replica_group(const PlanBucket& pb, const std::string& stream) const {

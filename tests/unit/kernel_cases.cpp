@@ -40,6 +40,16 @@ std::vector<int32_t> hot_tokens(std::mt19937& gen, size_t n, int V) {  // every 
   return tok;
 }
 
+std::function<void(const Tensors&, const Tensors&)> untouched_row(std::string tensor, int row, int width,
+                                                                  bool accumulate) {
+  return [=](const Tensors& start, const Tensors& out) {
+    for (int c = 0; c < width; ++c) {
+      const size_t at = size_t(row) * width + c;
+      CHECK(out.at(tensor).f[at] == (accumulate ? start.at(tensor).f[at] : 0.f));
+    }
+  };
+}
+
 Twin overwrite_then_add(std::vector<std::pair<std::string, size_t>> outs,
                         std::function<void(Kernels&, Buffers&, const std::vector<float*>&)> overwrite, double rtol) {
   return {.what = "accumulate against overwrite then add",

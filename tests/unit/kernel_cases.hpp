@@ -30,6 +30,10 @@ std::vector<float> filled(size_t n, float v);  // the start of an output that mu
 double dot(const std::vector<float>& a, const std::vector<double>& b);
 std::vector<double> add_prior(std::vector<double> v, const std::vector<float>& prior, bool accumulate);
 std::vector<int32_t> hot_tokens(std::mt19937& gen, size_t n, int V);  // tokens; every third one is token 7
+// The property of an embedding gradient `tensor` (rows of `width`) when token `row` never occurs: that row is 0
+// after a write and the prior after an accumulate, to the bit.
+std::function<void(const Tensors&, const Tensors&)> untouched_row(std::string tensor, int row, int width,
+                                                                  bool accumulate);
 
 // The twin of an accumulating call: the same call overwriting scratch, then accumulate() into each output.
 // `overwrite` gets the scratch pointers in the order of `outs` (name, floats).

@@ -190,25 +190,28 @@ struct ExpertsShape : MoeShape {
         rows(shards_ * std::min(A, b * local * router.capacity())) {}
 };
 
-struct ExpertsStash {
+// A SwiGLU over (rows, width) — the routed experts' rows, or every token through the shared experts:
+// forward → backward, the gate and up projections and silu(g)·u (rows,width) each.
+struct SwigluStash {
   float *g, *u, *a;
   size_t bytes;
-  ExpertsStash(void* p, const ExpertsShape& s) {
+  SwigluStash(void* p, int64_t rows, int width) {
     Carver c(p);
-    g = c.take<float>(int64_t(s.rows) * s.DE);  // gate projections (rows,DE)
-    u = c.take<float>(int64_t(s.rows) * s.DE);  // up projections (rows,DE)
-    a = c.take<float>(int64_t(s.rows) * s.DE);  // silu(g)·u (rows,DE)
+    g = c.take<float>(rows * width);
+    u = c.take<float>(rows * width);
+    a = c.take<float>(rows * width);
     bytes = c.at;
   }
 };
 
-struct ExpertsWStash {
+// Its backward input → backward weight: d g and d u (rows,width) each.
+struct SwigluWStash {
   float *dg, *du;
   size_t bytes;
-  ExpertsWStash(void* p, const ExpertsShape& s) {
+  SwigluWStash(void* p, int64_t rows, int width) {
     Carver c(p);
-    dg = c.take<float>(int64_t(s.rows) * s.DE);
-    du = c.take<float>(int64_t(s.rows) * s.DE);
+    dg = c.take<float>(rows * width);
+    du = c.take<float>(rows * width);
     bytes = c.at;
   }
 };
@@ -236,8 +239,8 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
   ExpertsShape s(d, samples, std::max(1, seg.shards));
   SegmentSizes z;
   z.input_bytes = z.out_bytes = Ragged::bytes(s.parts, s.rows, s.C);
-  z.stash_bytes = ExpertsStash(nullptr, s).bytes;
-  z.wstash_bytes = ExpertsWStash(nullptr, s).bytes;
+  z.stash_bytes = SwigluStash(nullptr, s.rows, s.DE).bytes;
+  z.wstash_bytes = SwigluWStash(nullptr, s.rows, s.DE).bytes;
   z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f;  // + d(silu(g)·u)
   z.ragged_parts = s.parts;
   z.ragged_width = s.C;
@@ -248,7 +251,7 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
 // SwiGLU and its backward run once over all rows, which the parts fill contiguously from row 0.
 void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  ExpertsStash st(io.stash, s);
+  SwigluStash st(io.stash, s.rows, s.DE);
   Ragged in(io.in, s.parts), out(io.out, s.parts);
   k.copy(out.counts, in.counts, size_t(s.parts) * i32);
   std::vector<LinearGroup> gate_up, down;
@@ -269,8 +272,8 @@ void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
 
 void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  ExpertsStash st(io.stash, s);
-  ExpertsWStash ws(io.wstash, s);
+  SwigluStash st(io.stash, s.rows, s.DE);
+  SwigluWStash ws(io.wstash, s.rows, s.DE);
   float* da = io.workspace;  // (rows,DE)
   Ragged dy(io.dout, s.parts), dx(io.din, s.parts);
   k.copy(dx.counts, dy.counts, size_t(s.parts) * i32);
@@ -292,8 +295,8 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
 
 void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  ExpertsStash st(io.stash, s);
-  ExpertsWStash ws(io.wstash, s);
+  SwigluStash st(io.stash, s.rows, s.DE);
+  SwigluWStash ws(io.wstash, s.rows, s.DE);
   Ragged in(io.in, s.parts), dy(io.dout, s.parts);
   std::vector<bool> written(size_t(s.E), false);  // this call has written expert e's gradients
   std::vector<LinearGroup> products;  // parts of one expert (one per source rank) add into its gradients in order
@@ -319,37 +322,14 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
 
 // ---------------------------------------------------------------- combine: expert outputs → x + Σ_k w_k y_k
 // With shared experts also + SwiGLU_shared(h), h the dispatch's normed input: a = silu(h·Wgᵀ)·(h·Wuᵀ) (n,S), a·Wdᵀ.
-struct SharedStash {  // forward → backward (n,S) each
-  float *g, *u, *a;
-  size_t bytes;
-  SharedStash(void* p, const MoeShape& s) {
-    Carver c(p);
-    g = c.take<float>(int64_t(s.n) * s.S);
-    u = c.take<float>(int64_t(s.n) * s.S);
-    a = c.take<float>(int64_t(s.n) * s.S);
-    bytes = c.at;
-  }
-};
-
-struct SharedWStash {  // backward input → backward weight (n,S) each
-  float *dg, *du;
-  size_t bytes;
-  SharedWStash(void* p, const MoeShape& s) {
-    Carver c(p);
-    dg = c.take<float>(int64_t(s.n) * s.S);
-    du = c.take<float>(int64_t(s.n) * s.S);
-    bytes = c.at;
-  }
-};
-
 SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
   MoeShape s(d, samples);
   SegmentSizes z;
   z.input_bytes = Ragged::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
   z.out_bytes = size_t(s.n) * s.C * f;
   if (s.S > 0) {
-    z.stash_bytes = SharedStash(nullptr, s).bytes;
-    z.wstash_bytes = SharedWStash(nullptr, s).bytes;
+    z.stash_bytes = SwigluStash(nullptr, s.n, s.S).bytes;
+    z.wstash_bytes = SwigluWStash(nullptr, s.n, s.S).bytes;
     z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.S * f;  // (a fused backward's wstash first) + d a (n,S)
   }
   return z;
@@ -360,7 +340,7 @@ void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   DispatchStash link(io.link, s);
   Ragged y(io.in, s.E);
   if (s.S > 0) {  // out = SwiGLU_shared(h), then the residual and the routed experts are added
-    SharedStash st(io.stash, s);
+    SwigluStash st(io.stash, s.n, s.S);
     k.linear_forward(st.g, link.h, io.w[kSharedGate], nullptr, s.n, s.C, s.S);  // (n,S)
     k.linear_forward(st.u, link.h, io.w[kSharedUp], nullptr, s.n, s.C, s.S);    // (n,S)
     k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.S);
@@ -384,8 +364,8 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   k.rows_dot(link.dweight, io.dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
   k.copy(link.dresidual, io.dout, size_t(s.n) * s.C * f);                                    // residual
   if (s.S > 0) {  // shared experts: d h into the dispatch's stash, d g and d u for the weights
-    SharedStash st(io.stash, s);
-    SharedWStash ws(io.wstash, s);
+    SwigluStash st(io.stash, s.n, s.S);
+    SwigluWStash ws(io.wstash, s.n, s.S);
     float* da = io.workspace;                                                                  // (n,S)
     k.linear_backward_input(da, io.dout, io.w[kSharedDown], s.n, s.S, s.C, false);
     k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(s.n) * s.S);
@@ -398,8 +378,8 @@ void combine_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
   MoeShape s(d, io.samples);
   if (s.S == 0) return;
   DispatchStash link(io.link, s);
-  SharedStash st(io.stash, s);
-  SharedWStash ws(io.wstash, s);
+  SwigluStash st(io.stash, s.n, s.S);
+  SwigluWStash ws(io.wstash, s.n, s.S);
   k.linear_backward_weight(io.g[kSharedDown], nullptr, io.dout, st.a, s.n, s.S, s.C, io.accumulate(kSharedDown));
   k.linear_backward_weight(io.g[kSharedGate], nullptr, ws.dg, link.h, s.n, s.C, s.S, io.accumulate(kSharedGate));
   k.linear_backward_weight(io.g[kSharedUp], nullptr, ws.du, link.h, s.n, s.C, s.S, io.accumulate(kSharedUp));
