@@ -9,7 +9,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rm -f "$out"/*.bin
 mkdir -p "$out"
-# name  world  config  overrides...: small plans that together use every op, buffer role and group kind
+# name  world  config  overrides...: small plans that together use every op (read_counts: the one-process MoE),
+# buffer role and group kind
 seed() {
   local name=$1 world=$2 config=$3
   shift 3
@@ -30,6 +31,7 @@ seed mlp 1 mlp
 seed dp2 2 dp2
 seed qwen3-small 1 qwen3-small
 seed pp2-1f1b 2 pp2-1f1b
+seed qwen3-moe-small 1 qwen3-moe-small
 seed moe-ep2-dp2 2 moe-ep2-dp2
 seed moe-ep2-dp4-zero3 4 moe-ep2-dp4 --set mesh.zero=3
 seed pp2-dp2-zero3 4 pp2-dp2 --set directive.3.zero=3 --set directive.0.count=2

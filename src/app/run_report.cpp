@@ -43,6 +43,7 @@ void totals_json(JsonWriter& w, const std::map<std::string, KernelTotals>& m, do
     w.key("calls_per_step").value(double(t.calls) / steps).key("ms_per_step").value(t.seconds / steps * 1e3);
     w.key("share").value(kernel_seconds > 0 ? t.seconds / kernel_seconds : 0.0);
     if (matmul_shapes) w.key("gflops_per_s").value(t.seconds > 0 ? t.flops / t.seconds / 1e9 : 0.0);
+    else w.key("downloads_per_step").value(double(t.downloads) / steps);  // device-to-host copies
     w.end_object();
   }
   w.end_array();

@@ -36,7 +36,8 @@ struct PeerChannel {
   }
 };
 
-// Collectives and point-to-point transfers of one group (fp32, sum). Every call is non-blocking.
+// Collectives and point-to-point transfers of one group (fp32, sum). Every call is non-blocking. Ragged rows
+// (backend/ragged_rows.hpp) are exchanged counts first.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -52,9 +53,10 @@ class Communicator {
   // Counted rows, exchanged: src and dst start with `parts` int32 counts, then the rows (width floats each)
   // of part 0, part 1, ... Part p of src goes to group rank p / (parts / size()). dst receives, from each
   // group rank in order, its parts / size() counts meant for this rank, then the rows in the same order.
-  // Counts travel first; dst must hold the largest possible result.
+  // Counts travel first; dst must hold the largest possible result. `received` (host memory, parts int32, may
+  // be null) gets dst's counts once the handle completes: the host learns them from the exchange itself.
   virtual std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
-                                                      StreamContext* s) = 0;
+                                                      StreamContext* s, int32_t* received) = 0;
   // Point-to-point with a peer given as a world rank.
   virtual std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer_world_rank, int tag,
                                            StreamContext* s) = 0;

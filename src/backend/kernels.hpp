@@ -149,7 +149,8 @@ class Kernels {
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) = 0;
 
   // ---- mixture of experts: token rows to and from the experts ----
-  // dst(m,C) = scale[i] · src[rows[i]] for i < m; scale may be null (1). rows(m) int32, device memory.
+  // dst(m,C) = scale[i] · src[rows[i]] for i < m; scale may be null (1). rows(m) int32, device memory; a row
+  // index of -1 writes a row of zeros (the unused end of a routing's worst-case rows).
   virtual void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) = 0;
   // dst(n,C) (+)= Σ_k w[t,k] · src[pos[t,k]] over the k < K with pos[t,k] >= 0, in k order; w may be null (1).
   // pos(n,K) int32 and w(n,K) are device memory; a row with no valid pos is 0 (or unchanged when accumulating).
@@ -157,6 +158,31 @@ class Kernels {
                             bool accumulate) = 0;
   // out(n,K): out[t,k] = Σ_c a[t,c] · b[pos[t,k],c], 0 where pos[t,k] < 0. a(n,C), b(m,C).
   virtual void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) = 0;
+
+  // ---- mixture of experts: routing, all on the device (n tokens in sequences of T, E experts, top K) ----
+  // probs(n,E) = softmax(logits) (probs may alias logits); selected(n,K): the K experts of largest probs + bias,
+  // largest first (ties: the lower index); weight(n,K) = their probs, divided by their sum when norm_topk.
+  // bias(E) may be null: it chooses the experts only (auxiliary-loss-free balancing), never weighs them.
+  virtual void moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias,
+                         int n, int E, int K, bool norm_topk) = 0;
+  // Capacity and the expert order of the kept assignments. In each sequence an expert keeps its first `capacity`
+  // assignments in token order. position(n,K): the index of each kept assignment in expert order (expert 0's in
+  // token order, then expert 1's, ...), -1 when dropped; counts(E): kept assignments per expert;
+  // token(A), token_weight(A): the token and weight of each kept assignment in that order, -1 and 0 after the
+  // last (A >= kept assignments); fraction(n/T,E) = E/(K·T) · the sequence's assignments to e, dropped or not.
+  // stats (E+1 doubles, may be null) += the assignments of each expert, then the dropped ones.
+  virtual void moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight, float* fraction,
+                          double* stats, const int32_t* selected, const float* weight, int n, int T, int E, int K,
+                          int capacity, int A) = 0;
+  // The sequence-wise balance loss: *loss += scale · Σ_sequences Σ_e fraction[q,e] · mean over q's tokens of
+  // probs[t,e]. loss is device memory.
+  virtual void moe_balance_loss(double* loss, const float* fraction, const float* probs, int n, int T, int E,
+                                double scale) = 0;
+  // dlogits(n,E): the router's backward from dweight(n,K), the gradient of the combine weights (0 where dropped),
+  // through the top-k weights and the softmax, plus balance_scale · d(Σ_q Σ_e fraction · mean_t probs)/dprobs.
+  virtual void moe_router_backward(float* dlogits, const float* probs, const int32_t* selected, const float* weight,
+                                   const float* fraction, const float* dweight, int n, int T, int E, int K,
+                                   bool norm_topk, double balance_scale) = 0;
 
   // Host ↔ device copies (plain memcpy on CPU).
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;

@@ -54,7 +54,7 @@ void ProfilingKernels::begin_region(const char* name) {
 }
 
 template <typename F>
-void ProfilingKernels::timed(const char* kernel, F&& f, double flops, const char* shape) {
+void ProfilingKernels::timed(const char* kernel, F&& f, double flops, const char* shape, int64_t downloads) {
   const double t0 = now_seconds();
   f();
   const double dt = now_seconds() - t0;
@@ -63,6 +63,7 @@ void ProfilingKernels::timed(const char* kernel, F&& f, double flops, const char
     t->calls += 1;
     t->seconds += dt;
     t->flops += flops;
+    t->downloads += downloads;
   }
   if (shape) {
     KernelTotals& t = p_.by_matmul_shape[shape];
@@ -219,6 +220,35 @@ void ProfilingKernels::rows_dot(float* out, const float* a, const float* b, cons
   timed("rows_dot", [&] { k_.rows_dot(out, a, b, pos, n, K, C); });
 }
 
+void ProfilingKernels::moe_route(float* probs, int32_t* selected, float* weight, const float* logits,
+                                 const float* bias, int n, int E, int K, bool norm_topk) {
+  timed("moe_route", [&] { k_.moe_route(probs, selected, weight, logits, bias, n, E, K, norm_topk); });
+}
+void ProfilingKernels::moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight,
+                                  float* fraction, double* stats, const int32_t* selected, const float* weight, int n,
+                                  int T, int E, int K, int capacity, int A) {
+  timed("moe_assign", [&] {
+    k_.moe_assign(position, counts, token, token_weight, fraction, stats, selected, weight, n, T, E, K, capacity, A);
+  });
+}
+void ProfilingKernels::moe_balance_loss(double* loss, const float* fraction, const float* probs, int n, int T, int E,
+                                        double scale) {
+  timed("moe_balance_loss", [&] { k_.moe_balance_loss(loss, fraction, probs, n, T, E, scale); });
+}
+void ProfilingKernels::moe_router_backward(float* dlogits, const float* probs, const int32_t* selected,
+                                           const float* weight, const float* fraction, const float* dweight, int n,
+                                           int T, int E, int K, bool norm_topk, double balance_scale) {
+  timed("moe_router_backward", [&] {
+    k_.moe_router_backward(dlogits, probs, selected, weight, fraction, dweight, n, T, E, K, norm_topk, balance_scale);
+  });
+}
+void ProfilingKernels::upload(void* dst, const void* host_src, size_t bytes) {
+  timed("upload", [&] { k_.upload(dst, host_src, bytes); });
+}
+void ProfilingKernels::download(void* host_dst, const void* src, size_t bytes) {
+  timed("download", [&] { k_.download(host_dst, src, bytes); }, 0, nullptr, 1);
+}
+
 std::string format_profile(const KernelProfile& p, int rank) {
   std::string out;
   char line[256];
@@ -234,16 +264,17 @@ std::string format_profile(const KernelProfile& p, int rank) {
     std::vector<std::pair<std::string, KernelTotals>> rows(m.begin(), m.end());
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
     std::snprintf(line, sizeof(line), "  %-48s %10s %10s %7s%s\n", title, "calls/step", "ms/step", "share",
-                  rate ? "   GFLOP/s" : "");
+                  rate ? "   GFLOP/s" : "  to-host/step");
     out += line;
     for (const auto& [name, t] : rows) {
       std::snprintf(line, sizeof(line), "  %-48s %10.1f %10.3f %6.1f%%", name.c_str(), double(t.calls) / steps,
                     t.seconds / steps * 1e3, kernel_total > 0 ? 100.0 * t.seconds / kernel_total : 0.0);
       out += line;
-      if (rate) {
+      if (rate)
         std::snprintf(line, sizeof(line), " %9.1f", t.seconds > 0 ? t.flops / t.seconds / 1e9 : 0.0);
-        out += line;
-      }
+      else
+        std::snprintf(line, sizeof(line), " %13.1f", double(t.downloads) / steps);
+      out += line;
       out += "\n";
     }
   };

@@ -14,6 +14,7 @@ struct KernelTotals {
   int64_t calls = 0;
   double seconds = 0;
   double flops = 0;  // matmul FLOPs (2·N·C·OC per call); 0 for other kernels
+  int64_t downloads = 0;  // device-to-host copies among the calls
 };
 
 // What a profile holds; keys are strings so that ranks can merge and print them alike.
@@ -95,8 +96,20 @@ class ProfilingKernels : public Kernels {
   void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
                     bool accumulate) override;
   void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
-  void upload(void* dst, const void* host_src, size_t bytes) override { k_.upload(dst, host_src, bytes); }
-  void download(void* host_dst, const void* src, size_t bytes) override { k_.download(host_dst, src, bytes); }
+  void moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias, int n, int E,
+                 int K, bool norm_topk) override;
+  void moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight, float* fraction,
+                  double* stats, const int32_t* selected, const float* weight, int n, int T, int E, int K, int capacity,
+                  int A) override;
+  void moe_balance_loss(double* loss, const float* fraction, const float* probs, int n, int T, int E,
+                        double scale) override;
+  void moe_router_backward(float* dlogits, const float* probs, const int32_t* selected, const float* weight,
+                           const float* fraction, const float* dweight, int n, int T, int E, int K, bool norm_topk,
+                           double balance_scale) override;
+  // Host ↔ device copies are counted (and timed) like kernels: a device-to-host copy inside a model segment's
+  // region is a stall of the device that the plan does not show.
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
   void* host_alloc(size_t bytes) override { return k_.host_alloc(bytes); }
   void host_free(void* p) override { k_.host_free(p); }
   bool buffers_on_host() const override { return k_.buffers_on_host(); }
@@ -104,7 +117,7 @@ class ProfilingKernels : public Kernels {
  private:
   // Runs `f`, adds its time to the kernel's, the current region's and (for matmuls) the shape's totals.
   template <typename F>
-  void timed(const char* kernel, F&& f, double flops = 0, const char* shape = nullptr);
+  void timed(const char* kernel, F&& f, double flops = 0, const char* shape = nullptr, int64_t downloads = 0);
 
   Kernels& k_;
   std::mutex mu_;

@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "backend/ragged_rows.hpp"
 #include "compile/compile.hpp"
 #include "compile/finalize.hpp"
 #include "compile/sequence.hpp"
@@ -465,6 +466,7 @@ class Lowerer {
     const Node& n = g_.nodes[size_t(op.node)];
     const Segment& seg = segs_[size_t(op.segment)];
     const int mb = n.mb < 0 ? 0 : n.mb;
+    if (n.kind == NodeKind::F) emit_read_counts(n, op.segment, mb);
     Instr instr(compute_op(n.kind));
     instr.node = n.id;
     instr.mb = mb;
@@ -514,6 +516,21 @@ class Lowerer {
       }
     }
     last_compute_ = int32_t(p_.instrs.size());
+    p_.instrs.push_back(std::move(instr));
+  }
+
+  // A segment reading ragged rows that no exchange delivers (its experts are all here) learns their counts
+  // from a read on its stream, just before its forward: the host waits there, where plans and traces show it.
+  void emit_read_counts(const Node& n, int segment, int mb) {
+    const Segment& seg = segs_[size_t(segment)];
+    if (reads_data(seg) || exchanged(TensorRef::Kind::Act, segment)) return;
+    const int parts = segment_sizes(seg, m_.dims, b_).ragged_parts;
+    if (parts <= 0) return;
+    Instr instr(Op::ReadCounts);
+    instr.node = n.id;
+    instr.mb = mb;
+    instr.stream = uint8_t(stream_id("compute"));
+    std::get<CountsArgs>(instr.args) = CountsArgs{act_buf(segment, mb), parts};
     p_.instrs.push_back(std::move(instr));
   }
 
@@ -607,7 +624,7 @@ class Lowerer {
     PIPER_CHECK(z.ragged_parts > 0, "exchange at a segment without counted rows");
     in.parts = z.ragged_parts;
     in.row_width = z.ragged_width;
-    in.rows = int64_t((z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width))) / k;
+    in.rows = RaggedRows::rows_in(z.input_bytes, z.ragged_parts, z.ragged_width) / k;
   }
 
   void emit_all_gather(const Node& n, CollectiveArgs& in) {

@@ -13,7 +13,8 @@ namespace piper {
 // Sizes of the per-microbatch buffers of one segment. The compiler sizes plan buffers from these; the
 // segment code carves the same buffers with the same offsets.
 struct SegmentSizes {
-  // Ragged activations (rows routed to parts, counted in a header): parts and row width of input and output.
+  // Ragged activations (backend/ragged_rows.hpp): parts and row width of input and output. A segment with ragged
+  // input gets the input's counts on the host (SegmentIO::counts); no segment copies device memory to the host.
   int ragged_parts = 0, ragged_width = 0;
   size_t out_bytes = 0;        // activation handed to the next segment (0 for the loss segment)
   size_t stash_bytes = 0;      // forward → backward
@@ -47,8 +48,12 @@ struct SegmentIO {
   float* din = nullptr;             // gradient of `in`; null when the segment reads data
   double* loss_sum = nullptr;       // the loss segment adds loss_scale · Σ token losses (device memory)
   float loss_scale = 1.f;           // 1 / tokens of the global batch
-  double* balance_loss = nullptr;   // host memory: segments with a balance loss add theirs (already scaled)
-  double* routing = nullptr;        // host memory (forward): a routing segment adds its RoutingStats block
+  double* balance_loss = nullptr;   // device memory: segments with a balance loss add theirs (already scaled)
+  double* routing = nullptr;        // device memory (forward): a routing segment adds its statistics block
+  // Host memory: the part counts of a ragged input (SegmentSizes::ragged_parts), brought to the host by the plan
+  // (the exchange that delivered the input, or a read of its counts); null for other segments. Read by every
+  // pass: the input stays until the backward weight.
+  const int32_t* counts = nullptr;
   int shard = 0, shards = 1;        // a sharded segment's part: this rank's index among the set's ranks
   // Whether gradient i is added to what is there (a later writer of the same parameter this step).
   bool accumulate(int i) const { return !(overwrite && overwrite[i]); }

@@ -2,6 +2,7 @@
 // reading or writing outside a buffer — indices in range, counts consistent, the model its dimensions build.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <type_traits>
 #include <variant>
@@ -35,6 +36,7 @@ class PlanCheck {
   std::string where_;   // the part being checked, for messages
   int64_t replicas_ = 1;  // ranks of this plan's device set: the binding may pick any of them
   std::vector<int32_t> slot_;  // model parameter → plan parameter, or -1
+  std::map<int32_t, int32_t> counts_on_host_;  // ragged buffers whose counts earlier instructions bring to the host
 
   template <typename... Args>
   void require(bool ok, const Args&... what) const {
@@ -311,6 +313,11 @@ class PlanCheck {
       bytes(in.stash, data, "data stash");
     }
     if (type.reads_input) bytes(in.in, z.input_bytes, "input");
+    if (type.reads_input && z.ragged_parts > 0) {  // SegmentIO::counts: read from the host, never from the device
+      auto known = counts_on_host_.find(in.in);
+      require(known != counts_on_host_.end() && known->second >= z.ragged_parts,
+              "a segment reads ragged rows whose counts no earlier exchange or counts read brings to the host");
+    }
     if (fwd && !type.computes_loss) bytes(in.out, z.out_bytes, "output");
     if (!fwd && !type.computes_loss) bytes(in.dout, z.out_bytes, "output gradient");
     if (bwd_input && type.reads_input) bytes(in.din, z.input_bytes, "input gradient");
@@ -381,6 +388,13 @@ class PlanCheck {
     require(in.row_width >= 1 && in.rows >= 0, "row width or rows out of range");
     bytes(in.src, uint64_t(in.parts) * 4, "exchange source");
     bytes(in.buf, uint64_t(in.parts) * 4, "exchange destination");
+    counts_on_host_[in.buf] = in.parts;
+  }
+
+  void read_counts(const CountsArgs& in) {
+    require(in.parts >= 1, in.parts, " counts read");
+    bytes(in.buf, uint64_t(in.parts) * 4, "counts read");
+    counts_on_host_[in.buf] = in.parts;
   }
 
   void step_sync(const StepSyncArgs& in) {
@@ -404,6 +418,7 @@ class PlanCheck {
           else if constexpr (std::is_same_v<A, MessageArgs>) message(a);
           else if constexpr (std::is_same_v<A, CollectiveArgs>) collective(in.op, a);
           else if constexpr (std::is_same_v<A, AllToAllArgs>) all_to_all(a);
+          else if constexpr (std::is_same_v<A, CountsArgs>) read_counts(a);
           else step_sync(a);
         },
         in.args);

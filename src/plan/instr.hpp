@@ -124,8 +124,21 @@ struct StepSyncArgs {
   }
 };
 
+// ReadCounts: the `parts` counts at the start of ragged rows `buf` (backend/ragged_rows.hpp), copied to the host
+// for the segments that read those rows (SegmentIO::counts). The stream's work before it finishes first.
+struct CountsArgs {
+  int32_t buf = -1;
+  int32_t parts = 0;
+
+  template <typename Fn>
+  void operands(Fn&& fn) const {
+    fn(kOperandBuf, buf);
+  }
+};
+
 // Alternative i is the payload of OpKind i.
-using InstrArgs = std::variant<ComputeArgs, UpdateArgs, MessageArgs, CollectiveArgs, AllToAllArgs, StepSyncArgs>;
+using InstrArgs =
+    std::variant<ComputeArgs, UpdateArgs, MessageArgs, CollectiveArgs, AllToAllArgs, StepSyncArgs, CountsArgs>;
 static_assert(std::variant_size_v<InstrArgs> == kOpKindCount, "one payload per OpKind");
 
 struct Instr {
@@ -148,6 +161,7 @@ struct Instr {
   const CollectiveArgs& collective() const { return std::get<CollectiveArgs>(args); }
   const AllToAllArgs& all_to_all() const { return std::get<AllToAllArgs>(args); }
   const StepSyncArgs& step_sync() const { return std::get<StepSyncArgs>(args); }
+  const CountsArgs& counts() const { return std::get<CountsArgs>(args); }
 
   int32_t group() const;   // the communicator group (index into Plan::groups), or -1
   int32_t bucket() const;  // the bucket updated or communicated, or -1

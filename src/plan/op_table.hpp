@@ -14,8 +14,9 @@ enum class Op : uint8_t {
   AllReduce, ReduceScatter, AllGather,               // collectives on a group
   AllToAll,                                          // counted rows exchanged inside a group (sharded segments)
   StepSync,                                          // all ranks: sum of [grad norm², loss]; sets the clip scale
+  ReadCounts,                                        // the counts of ragged rows, read to the host
 };
-constexpr size_t kOpCount = 12;
+constexpr size_t kOpCount = 13;
 
 enum class OpKind : uint8_t {
   Compute,       // a segment's pass on one microbatch
@@ -24,8 +25,9 @@ enum class OpKind : uint8_t {
   Collective,    // all-reduce, reduce-scatter, all-gather on a group
   AllToAll,      // counted rows exchanged inside a group
   StepSync,      // the step's scalar sums over every rank
+  HostRead,      // device memory the host must know, read on a stream (the host waits for it)
 };
-constexpr size_t kOpKindCount = 6;
+constexpr size_t kOpKindCount = 7;
 
 // The operand roles of an instruction (fields of Instr), as bits of OpInfo::reads and OpInfo::writes.
 enum Operand : uint32_t {
@@ -109,6 +111,8 @@ inline constexpr OpInfo kOpTable[] = {
      0.0, "collective", CostRule::Collective},
     {Op::StepSync, "step_sync", "STEP_SYNC", OpKind::StepSync, false, kOperandSpans, 0, SendRule::None, 0.0,
      "optimizer", CostRule::Latency},
+    {Op::ReadCounts, "read_counts", "COUNTS", OpKind::HostRead, false, kOperandBuf, 0, SendRule::None, 0.0, "host",
+     CostRule::Latency},
 };
 
 constexpr bool op_table_in_order() {

@@ -70,6 +70,7 @@ void Instr::set_op(Op o) {
     case OpKind::Collective: args = CollectiveArgs{}; break;
     case OpKind::AllToAll: args = AllToAllArgs{}; break;
     case OpKind::StepSync: args = StepSyncArgs{}; break;
+    case OpKind::HostRead: args = CountsArgs{}; break;
   }
 }
 
@@ -106,6 +107,7 @@ struct InstrLabel {
     return cat(" bucket", a.bucket, in.op == Op::ReduceScatter && in.mb >= 0 ? cat(" mb", in.mb) : "");
   }
   std::string operator()(const AllToAllArgs& a) const { return cat(" ", buffer(a.src), " -> ", buffer(a.buf)); }
+  std::string operator()(const CountsArgs& a) const { return cat(" ", buffer(a.buf)); }
 };
 
 }  // namespace
@@ -175,6 +177,11 @@ struct InstrText {
     if (a.parts) os << " parts=" << a.parts << " width=" << a.row_width << " rows<=" << a.rows;
   }
   void operator()(const StepSyncArgs& a) { head(-1, -1, a.group); }
+  void operator()(const CountsArgs& a) {
+    head(-1, -1, -1);
+    buf("buf", a.buf);
+    os << " parts=" << a.parts;
+  }
 };
 
 }  // namespace

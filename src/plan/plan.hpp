@@ -13,7 +13,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 9;
+constexpr uint32_t kPlanVersion = 10;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;

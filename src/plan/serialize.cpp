@@ -90,6 +90,10 @@ template <typename Io>
 void payload_fields(StepSyncArgs& a, Io io) {
   fields(io, a.group, a.spans);
 }
+template <typename Io>
+void payload_fields(CountsArgs& a, Io io) {
+  fields(io, a.buf, a.parts);
+}
 
 struct FieldWriter {
   ByteWriter& w;

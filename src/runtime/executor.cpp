@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/ragged_rows.hpp"
 #include "model/segment_type.hpp"
 #include "plan/owned_slices.hpp"
 #include "runtime/communicator_order.hpp"
@@ -71,17 +72,23 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
   done_ = std::make_unique<std::atomic<int64_t>[]>(plan_.instrs.size());
   for (size_t i = 0; i < plan_.instrs.size(); ++i) done_[i].store(0);
 
-  scalars_ = static_cast<double*>(backend_.allocate(4 * sizeof(double)));
-  backend_.zero(scalars_, 4 * sizeof(double));
   // every routing segment of the model has its block on every rank, so the step sync's sums line up
   routing_offset_.assign(plan_.segments.size(), -1);
-  size_t routing_size = 0;
   for (size_t i = 0; i < plan_.segments.size(); ++i)
     if (const SegmentType* t = plan_.segments[i].type; t && t->routed_experts) {
-      routing_offset_[i] = int64_t(routing_size);
-      routing_size += size_t(routing_stats_size(t->routed_experts(plan_.dims)));
+      routing_offset_[i] = int64_t(routing_size_);
+      routing_size_ += size_t(routing_stats_size(t->routed_experts(plan_.dims)));
     }
-  routing_.assign(routing_size, 0.0);
+  scalar_count_ = kRoutingAt + routing_size_;
+  scalars_ = static_cast<double*>(backend_.allocate(scalar_count_ * sizeof(double)));
+  backend_.zero(scalars_, scalar_count_ * sizeof(double));
+  device_sums_.assign(scalar_count_, 0.0);
+  // the ragged buffers whose counts reach the host: exchanged ones and those read by a counts instruction
+  host_counts_.resize(plan_.buffers.size());
+  for (const auto& in : plan_.instrs) {
+    if (in.op == Op::AllToAll) host_counts_[size_t(in.all_to_all().buf)].assign(size_t(in.all_to_all().parts), 0);
+    if (in.op == Op::ReadCounts) host_counts_[size_t(in.counts().buf)].assign(size_t(in.counts().parts), 0);
+  }
   int64_t moved = 1;  // device room for the step of the largest parameter moved by statistics
   for (const ParamSpec& spec : plan_.params)
     if (spec.statistics_segment >= 0) moved = std::max(moved, spec.numel);
@@ -119,7 +126,7 @@ Executor::~Executor() {
   for (size_t g : group_order_) groups_[g].reset();
   groups_.clear();
   p2p_.reset();
-  backend_.release(scalars_, 4 * sizeof(double));
+  backend_.release(scalars_, scalar_count_ * sizeof(double));
   backend_.release(statistics_delta_dev_, statistics_delta_bytes_);
 }
 
@@ -192,9 +199,7 @@ StepMetrics Executor::run_step(int64_t step) {
   step_ = step;
   lr_ = learning_rate(plan_.optimizer, step);
   store_.begin_step();
-  backend_.zero(scalars_, 4 * sizeof(double));
-  balance_loss_ = 0;
-  std::fill(routing_.begin(), routing_.end(), 0.0);
+  backend_.zero(scalars_, scalar_count_ * sizeof(double));
   for (auto& st : streams_) st.events.clear();
   const double start = now_seconds() - t0_;
   {
@@ -350,6 +355,13 @@ void Executor::execute(Stream& s, int32_t i) {
       break;
     case Op::Update: run_update(in.update()); break;
     case Op::StepSync: run_step_sync(in.step_sync()); break;
+    case Op::ReadCounts: {
+      const CountsArgs& c = in.counts();
+      k_.begin_region("read counts");
+      k_.download(host_counts_[size_t(c.buf)].data(), RaggedRows(store_.f(c.buf), c.parts).counts,
+                  size_t(c.parts) * sizeof(int32_t));
+      break;
+    }
     case Op::Send: {
       const MessageArgs& m = in.message();
       post(p2p_->send(store_.f(m.buf) + m.offset, size_t(m.count), plan_.peer_rank(m.peer_set), m.tag, ctx));
@@ -376,7 +388,8 @@ void Executor::execute(Stream& s, int32_t i) {
     }
     case Op::AllToAll: {
       const AllToAllArgs& a = in.all_to_all();
-      post(group(a.group).all_to_all_rows(store_.f(a.src), store_.f(a.buf), a.parts, a.row_width, ctx));
+      post(group(a.group).all_to_all_rows(store_.f(a.src), store_.f(a.buf), a.parts, a.row_width, ctx,
+                                          host_counts_[size_t(a.buf)].data()));
       return;
     }
     case Op::AllGather: {
@@ -460,10 +473,11 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   if (in.link >= 0) io.link = store_.acquire(in.link);
   io.dout = in.dout >= 0 ? store_.f(in.dout) : nullptr;
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
-  io.loss_sum = scalars_;
-  io.balance_loss = &balance_loss_;
+  if (in.in >= 0 && !host_counts_[size_t(in.in)].empty()) io.counts = host_counts_[size_t(in.in)].data();
+  io.loss_sum = scalars_ + kLossAt;
+  io.balance_loss = scalars_ + kBalanceAt;
   if (op == Op::Forward && routing_offset_[size_t(in.segment)] >= 0)
-    io.routing = routing_.data() + routing_offset_[size_t(in.segment)];
+    io.routing = scalars_ + kRoutingAt + routing_offset_[size_t(in.segment)];
   io.loss_scale = in.loss_scale;
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
   float* workspace = store_.f(plan_.workspace_buf);
@@ -540,18 +554,20 @@ void Executor::run_step_sync(const StepSyncArgs& in) {
   k_.begin_region("step sync");
   for (const auto& s : in.spans) {
     int64_t off = s.offset + (s.per_replica ? int64_t(plan_.replica / s.slices) * s.count : 0);
-    k_.sum_squares(scalars_ + 1, store_.f(s.buf) + off, size_t(s.count));
+    k_.sum_squares(scalars_ + kNormAt, store_.f(s.buf) + off, size_t(s.count));
   }
   // cross-entropy, gradient norm², balance loss, stop requests, failures, then the routing statistics
   std::vector<double>& local = sync_local_;
   std::vector<double>& global = sync_global_;
-  local.assign(5 + routing_.size(), 0.0);
+  local.assign(5 + routing_size_, 0.0);
   global.assign(local.size(), 0.0);
-  k_.download(local.data(), scalars_, 2 * sizeof(double));
-  local[2] = balance_loss_;
+  k_.download(device_sums_.data(), scalars_, scalar_count_ * sizeof(double));  // the step's one read of its sums
+  local[0] = device_sums_[kLossAt];
+  local[1] = device_sums_[kNormAt];
+  local[2] = device_sums_[kBalanceAt];
   local[3] = stop_flag_ && stop_flag_->load() != 0 ? 1.0 : 0.0;
   local[4] = failure_flag_ && failure_flag_->load() != 0 ? 1.0 : 0.0;
-  std::copy(routing_.begin(), routing_.end(), local.begin() + 5);
+  std::copy(device_sums_.begin() + kRoutingAt, device_sums_.end(), local.begin() + 5);
   MPI_Request r;
   MPI_CHECK(MPI_Iallreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_SUM, world_, &r));
   int flag = 0, round = 0;

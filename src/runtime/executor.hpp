@@ -135,7 +135,15 @@ class Executor {
   std::vector<int32_t> param_slot_;            // model param → plan param
   std::vector<Stream> streams_;
   std::unique_ptr<std::atomic<int64_t>[]> done_;
-  double* scalars_ = nullptr;  // device: [0] loss sum, [1] grad sum of squares
+  // device: the step's sums, read by the step sync — loss, gradient sum of squares, balance losses, then every
+  // routing segment's statistics block (kRoutingAt + routing_offset_)
+  double* scalars_ = nullptr;
+  size_t scalar_count_ = 0;
+  static constexpr size_t kLossAt = 0, kNormAt = 1, kBalanceAt = 2, kRoutingAt = 3;
+  std::vector<double> device_sums_;  // host copy of scalars_ at the step sync
+  // per buffer: the part counts of ragged rows as an exchange or a counts read brought them to the host (empty for
+  // other buffers); sized at construction, written by the instruction, read by the segments after it
+  std::vector<std::vector<int32_t>> host_counts_;
   std::vector<uint8_t> host_staging_;
 
   // step state
@@ -145,9 +153,8 @@ class Executor {
   bool skip_update_ = false;  // the step's loss or gradient norm is not finite: updates do nothing
   const std::atomic<int>* stop_flag_ = nullptr;
   const std::atomic<int>* failure_flag_ = nullptr;
-  double balance_loss_ = 0;  // host: this rank's balance losses of the step
-  std::vector<double> routing_;             // host: this rank's routing statistics of the step
-  std::vector<int64_t> routing_offset_;     // per segment: its block in routing_ (-1: not a routing segment)
+  size_t routing_size_ = 0;                 // doubles of all routing statistics blocks
+  std::vector<int64_t> routing_offset_;     // per segment: its statistics block (-1: not a routing segment)
   std::vector<double> sync_local_, sync_global_;  // the step sync's sums, allocated once
   std::vector<float> statistics_delta_;             // host: a parameter's step from statistics
   float* statistics_delta_dev_ = nullptr;           // device: the part of it being added

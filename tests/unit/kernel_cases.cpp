@@ -71,6 +71,7 @@ const std::vector<KernelCase>& kernel_cases() {
     add_gpt2_cases(c);
     add_qwen3_cases(c);
     add_moe_cases(c);
+    add_moe_routing_cases(c);
     add_elementwise_cases(c);
     return c;
   }();

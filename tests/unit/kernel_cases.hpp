@@ -16,6 +16,7 @@ namespace piper::test {
 void add_gpt2_cases(std::vector<KernelCase>& cases);         // linear, GELU, layernorm, attention, embedding, loss
 void add_qwen3_cases(std::vector<KernelCase>& cases);        // RMSNorm, RoPE, SwiGLU, token embedding, GQA
 void add_moe_cases(std::vector<KernelCase>& cases);          // grouped linear, gather, combine, rows_dot
+void add_moe_routing_cases(std::vector<KernelCase>& cases);  // router, capacity and order, balance loss, backward
 void add_elementwise_cases(std::vector<KernelCase>& cases);  // add, fill, copy, sum of squares, AdamW
 
 // "N=70 C=96"

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_kernels.hpp"
+#include "backend/profiling_kernels.hpp"
 #include "config/job.hpp"
 #include "config/load.hpp"
 #include "model/segment_type.hpp"
@@ -34,13 +35,14 @@ struct Net {
   std::vector<float> features;             // mlp: (samples, d_in)
   std::vector<SegmentSizes> sizes;
   std::vector<Guarded> act, dact, stash, wstash, fused;  // by segment
+  std::vector<std::vector<int32_t>> counts;              // by segment: its ragged input's counts, on the host
   Guarded workspace, scratch;
 
   Net(const ModelSpec& spec, int samples_, uint64_t seed) : model(build_model(spec)), samples(samples_) {
     const ModelDims& d = model.dims;
     Rand rng(seed);
     const size_t S = model.segments.size();
-    act.resize(S), dact.resize(S), stash.resize(S), wstash.resize(S), fused.resize(S);
+    act.resize(S), dact.resize(S), stash.resize(S), wstash.resize(S), fused.resize(S), counts.resize(S);
     size_t max_workspace = 0;
     for (size_t s = 0; s < S; ++s) {
       SegmentSizes z = segment_sizes(model.segments[s], d, samples);
@@ -116,6 +118,7 @@ struct Net {
     io.out = sizes[s].out_bytes > 0 ? act[s].data() : nullptr;
     io.dout = sizes[s].out_bytes > 0 ? dact[s].data() : nullptr;
     io.stash = stash[s].data();
+    if (!counts[s].empty()) io.counts = counts[s].data();
     if (seg.type->link_offset != 0) io.link = stash[size_t(int(s) + seg.type->link_offset)].data();
     io.scratch = scratch.data();
     io.loss_scale = loss_scale;
@@ -134,6 +137,10 @@ struct Net {
     std::vector<const float*> w;
     for (size_t s = 0; s < model.segments.size(); ++s) {
       load_data(s);
+      if (sizes[s].ragged_parts > 0 && sizes[s].input_bytes > 0) {  // as a counts read of the plan brings them
+        const auto* header = reinterpret_cast<const int32_t*>(act[s - 1].data());
+        counts[s].assign(header, header + sizes[s].ragged_parts);
+      }
       SegmentIO io = io_for(s, w);
       io.loss_sum = &loss;
       io.balance_loss = &loss;
@@ -270,14 +277,17 @@ ModelSpec small_qwen3(bool tied, bool qk_norm, int kv_heads = 2) {
 }
 
 // Qwen3 with a mixture of experts in every `every`-th layer: 4 experts, top-2, a large balance coefficient
-// so its gradient shows, optionally a capacity that drops tokens.
-ModelSpec small_qwen3_moe(int every, double capacity, bool norm_topk, int shared_width = 0) {
+// so its gradient shows, optionally a capacity that drops tokens, shared experts and a selection bias.
+ModelSpec small_qwen3_moe(int every, double capacity, bool norm_topk, int shared_width = 0, double bias_rate = 0) {
   ModelSpec s = small_qwen3(false, true);
   s.moe_experts = 4, s.moe_top_k = 2, s.moe_d_expert = 8, s.moe_every = every;
   s.moe_norm_topk_prob = norm_topk, s.moe_aux_loss_coef = 0.05, s.moe_capacity_factor = capacity;
-  if (shared_width > 0) {  // one shared expert of that width, through the job loader's own keys
-    const JobSpec job = load_job_text(cat("[model]\nkind = \"qwen3\"\n[model.moe]\nshared_experts = 1\nd_shared = ",
-                                          shared_width, "\n[data]\npath = \"", scratch_data_file(), "\"\n"),
+  if (shared_width > 0 || bias_rate > 0) {  // through the job loader's own keys
+    std::string keys;
+    if (shared_width > 0) keys += cat("shared_experts = 1\nd_shared = ", shared_width, "\n");
+    if (bias_rate > 0) keys += cat("bias_update_rate = ", bias_rate, "\n");
+    const JobSpec job = load_job_text(cat("[model]\nkind = \"qwen3\"\n[model.moe]\n", keys, "[data]\npath = \"",
+                                          scratch_data_file(), "\"\n"),
                                       "job.toml");
     std::copy(std::begin(job.model.family_values), std::end(job.model.family_values), std::begin(s.family_values));
     s.family_given = job.model.family_given;
@@ -530,5 +540,33 @@ TEST_CASE("Qwen3 MoE: split backward is bit-identical to fused", "[layers][qwen3
     Net net(small_qwen3_moe(1, 0.7, true, 6), 2, 91);
     net.randomize(92, 0.3);
     check_split_equals_fused(net, k);
+  }
+}
+
+TEST_CASE("Qwen3 MoE: no segment copies between device and host, routing included", "[layers][qwen3][moe]") {
+  struct Case {
+    double capacity;
+    int shared;
+    double bias_rate;
+  };
+  for (Case c : {Case{0.0, 0, 0.0}, Case{0.7, 6, 0.01}}) {
+    INFO("capacity " << c.capacity << " shared " << c.shared << " bias rate " << c.bias_rate);
+    CpuKernels cpu(2);
+    ProfilingKernels k(cpu);  // counts every upload and download like a kernel
+    Net net(small_qwen3_moe(1, c.capacity, true, c.shared, c.bias_rate), 2, 101);
+    net.randomize(102, 0.3);
+    const double loss = net.forward(k);
+    if (c.bias_rate == 0) CHECK(loss == Approx(net.reference_loss()).epsilon(2e-5));  // the reference has no bias
+    CHECK(std::isfinite(loss));
+    net.backward(k, false);
+    net.backward(k, true);
+    KernelProfile p = k.take(0, 1);
+    CHECK(p.by_kernel.count("moe_route") == 1);  // the routing ran, as kernels
+    CHECK(p.by_kernel.count("download") == 0);
+    CHECK(p.by_kernel.count("upload") == 0);
+    // and the count would see one
+    double host = 0;
+    k.download(&host, net.params[0].data(), sizeof(float));
+    CHECK(k.take(0, 1).by_kernel.at("download").downloads == 1);
   }
 }

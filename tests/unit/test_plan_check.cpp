@@ -172,6 +172,24 @@ TEST_CASE("the plan check names each kind of corruption", "[plan]") {
          "outside the replica's");
 }
 
+TEST_CASE("experts learn their row counts from the plan: a counts read where no exchange brings them", "[plan]") {
+  Job local = jobs()[1];
+  local.text = local.text.substr(0, local.text.find("[[annotate]]"));  // one process: the experts are local
+  local.world = 1;
+  const Plan good = bodies(local)[0];
+  REQUIRE(check_error(good).empty());
+  int reads = 0;
+  for (const Instr& in : good.instrs) reads += in.op == Op::ReadCounts;
+  CHECK(reads == 2);  // one per MoE layer and microbatch
+  for (const Instr& in : bodies(jobs()[1])[0].instrs) CHECK(in.op != Op::ReadCounts);  // sharded: the exchange does
+  Plan p = good;
+  CountsArgs& read = std::get<CountsArgs>(first(p, Op::ReadCounts).args);
+  read.buf = std::get<ComputeArgs>(first(p, Op::Forward).args).stash;  // the counts of another buffer
+  const std::string e = check_error(p);
+  INFO(e);
+  CHECK(has(e, "whose counts no earlier exchange or counts read brings to the host"));
+}
+
 TEST_CASE("plan bytes with a boolean byte that is neither 0 nor 1 are rejected before it is read", "[plan]") {
   Plan p = bodies(jobs()[0])[0];
   // where the bytes of model.tie_embeddings sit: serialize with it false and true, find the byte that differs

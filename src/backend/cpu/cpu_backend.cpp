@@ -8,7 +8,7 @@
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/mpi_ranks.hpp"
-#include "backend/rows_layout.hpp"
+#include "backend/ragged_rows.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -42,9 +42,9 @@ class MpiHandle final : public CommHandle {
 class RowsExchange final : public CommHandle {
  public:
   RowsExchange(MPI_Comm comm, MPI_Comm rows_comm, int size, const void* src, void* dst, int parts, int width,
-               std::shared_ptr<int64_t> rows_started, int64_t ticket)
+               int32_t* received, std::shared_ptr<int64_t> rows_started, int64_t ticket)
       : comm_(comm), rows_comm_(rows_comm), size_(size), q_(parts / size), width_(width), src_(static_cast<const int32_t*>(src)),
-        dst_(static_cast<int32_t*>(dst)), rows_started_(std::move(rows_started)), ticket_(ticket) {
+        dst_(static_cast<int32_t*>(dst)), received_(received), rows_started_(std::move(rows_started)), ticket_(ticket) {
     PIPER_CHECK(parts % size == 0, "all_to_all_rows: ", parts, " parts over ", size, " ranks");
     MPI_CHECK(MPI_Ialltoall(src_, q_, MPI_INT32_T, dst_, q_, MPI_INT32_T, comm_, &req_));
   }
@@ -68,8 +68,9 @@ class RowsExchange final : public CommHandle {
   void post_rows() {
     rows_posted_ = true;
     const int parts = q_ * size_;
-    const float* src_rows = reinterpret_cast<const float*>(src_ + parts);
-    float* dst_rows = reinterpret_cast<float*>(dst_ + parts);
+    if (received_) std::memcpy(received_, dst_, sizeof(int32_t) * size_t(parts));
+    const float* src_rows = RaggedRows(src_, parts).rows;
+    float* dst_rows = RaggedRows(dst_, parts).rows;
     const RowsLayout l = rows_layout(src_, dst_, parts, size_, width_);
     PIPER_CHECK(mpi_counts(l.send_counts, send_counts_) && mpi_counts(l.send_displs, send_displs_) &&
                     mpi_counts(l.recv_counts, recv_counts_) && mpi_counts(l.recv_displs, recv_displs_),
@@ -81,6 +82,7 @@ class RowsExchange final : public CommHandle {
   int size_, q_, width_;
   const int32_t* src_;
   int32_t* dst_;
+  int32_t* received_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   bool rows_posted_ = false;
   std::shared_ptr<int64_t> rows_started_;
@@ -119,9 +121,9 @@ class MpiCommunicator final : public Communicator {
                              MPI_FLOAT, comm_, &r));
     return std::make_unique<MpiHandle>(r);
   }
-  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
-                                              StreamContext*) override {
-    return std::make_unique<RowsExchange>(comm_, rows_comm_, size_, src, dst, parts, width, rows_started_,
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext*,
+                                              int32_t* received) override {
+    return std::make_unique<RowsExchange>(comm_, rows_comm_, size_, src, dst, parts, width, received, rows_started_,
                                           exchanges_++);
   }
   std::unique_ptr<CommHandle> send(const float* buf, size_t count, int peer, int tag, StreamContext*) override {

@@ -34,8 +34,12 @@ void CpuKernels::gather_rows(float* dst, const float* src, const int32_t* rows, 
   const size_t width = size_t(C);
   for_range(size_t(m) * width, threads_, [&](size_t e0, size_t e1) {
     for (size_t i = e0 / width; i < e1 / width; ++i) {
+      float* __restrict d = dst + i * width;  // (C): output row i
+      if (rows[i] < 0) {                      // past a routing's kept rows
+        std::fill(d, d + width, 0.f);
+        continue;
+      }
       const float* __restrict s = src + int64_t(rows[i]) * C;  // (C): source row rows[i]
-      float* __restrict d = dst + i * width;                   // (C): output row i
       if (!scale) {
         std::memcpy(d, s, sizeof(float) * width);
         continue;

@@ -408,6 +408,34 @@ void CudaKernels::rows_dot(float* out, const float* a, const float* b, const int
   cuda::rows_dot(out, a, b, pos, n, K, C, t.stream.stream());
 }
 
+void CudaKernels::moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias,
+                            int n, int E, int K, bool norm_topk) {
+  Target t = target();
+  cuda::moe_route(probs, selected, weight, logits, bias, n, E, K, norm_topk, t.stream.stream());
+}
+
+void CudaKernels::moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight, float* fraction,
+                             double* stats, const int32_t* selected, const float* weight, int n, int T, int E, int K,
+                             int capacity, int A) {
+  Target t = target();
+  cuda::moe_assign(position, counts, token, token_weight, fraction, stats, selected, weight, n, T, E, K, capacity, A,
+                   t.stream.stream());
+}
+
+void CudaKernels::moe_balance_loss(double* loss, const float* fraction, const float* probs, int n, int T, int E,
+                                   double scale) {
+  Target t = target();
+  cuda::moe_balance_loss(loss, fraction, probs, n, T, E, scale, t.stream.stream());
+}
+
+void CudaKernels::moe_router_backward(float* dlogits, const float* probs, const int32_t* selected, const float* weight,
+                                      const float* fraction, const float* dweight, int n, int T, int E, int K,
+                                      bool norm_topk, double balance_scale) {
+  Target t = target();
+  cuda::moe_router_backward(dlogits, probs, selected, weight, fraction, dweight, n, T, E, K, norm_topk, balance_scale,
+                            t.stream.stream());
+}
+
 void CudaKernels::upload(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
   Target t = target();

@@ -76,6 +76,16 @@ class CudaKernels final : public Kernels {
   void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
                     bool accumulate) override;
   void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
+  void moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias, int n, int E,
+                 int K, bool norm_topk) override;
+  void moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight, float* fraction,
+                  double* stats, const int32_t* selected, const float* weight, int n, int T, int E, int K, int capacity,
+                  int A) override;
+  void moe_balance_loss(double* loss, const float* fraction, const float* probs, int n, int T, int E,
+                        double scale) override;
+  void moe_router_backward(float* dlogits, const float* probs, const int32_t* selected, const float* weight,
+                           const float* fraction, const float* dweight, int n, int T, int E, int K, bool norm_topk,
+                           double balance_scale) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
   void* host_alloc(size_t bytes) override;  // cudaMallocHost: page-locked

@@ -101,7 +101,7 @@ void sum_squares(double* acc, const float* x, size_t n, double* partial, cudaStr
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args, cudaStream_t s);
 
 // ---- moe_rows_kernels.cu ----
-// dst(m,C) = scale[i] · src[rows[i]] (scale may be null); one block per output row
+// dst(m,C) = scale[i] · src[rows[i]] (scale may be null; rows[i] < 0: zeros); one block per output row
 void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C,
                  cudaStream_t s);
 // dst(n,C) (+)= Σ_k w[t,k] · src[pos[t,k]] over pos >= 0, k in order, one fma per term (w may be null); one block
@@ -110,5 +110,21 @@ void combine_rows(float* dst, const float* src, const int32_t* pos, const float*
                   bool accumulate, cudaStream_t s);
 // out(n,K) = a[t] · b[pos[t,k]] (0 where pos < 0); one warp per (t,k), double sums in a fixed order
 void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C, cudaStream_t s);
+
+// ---- moe_routing_kernels.cu ----
+// As Kernels::moe_route: one thread per token
+void moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias, int n, int E,
+               int K, bool norm_topk, cudaStream_t s);
+// As Kernels::moe_assign: counted per (sequence, expert), totals in one block, then each kept assignment placed
+void moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight, float* fraction,
+                double* stats, const int32_t* selected, const float* weight, int n, int T, int E, int K, int capacity,
+                int A, cudaStream_t s);
+// As Kernels::moe_balance_loss: one block, a fixed order
+void moe_balance_loss(double* loss, const float* fraction, const float* probs, int n, int T, int E, double scale,
+                      cudaStream_t s);
+// As Kernels::moe_router_backward: one thread per token
+void moe_router_backward(float* dlogits, const float* probs, const int32_t* selected, const float* weight,
+                         const float* fraction, const float* dweight, int n, int T, int E, int K, bool norm_topk,
+                         double balance_scale, cudaStream_t s);
 
 }  // namespace piper::cuda

@@ -13,7 +13,7 @@
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/device_identity.hpp"
 #include "backend/mpi_ranks.hpp"
-#include "backend/rows_layout.hpp"
+#include "backend/ragged_rows.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -114,14 +114,15 @@ class HostStagedCommunicator final : public Communicator {
   }
 
   // Counts first, then the rows, both blocking on this stream's thread (its communicator is its own).
-  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
-                                              StreamContext* s) override {
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext* s,
+                                              int32_t* received) override {
     PIPER_CHECK(parts % size_ == 0, "all_to_all_rows: ", parts, " parts over ", size_, " ranks");
     cudaStream_t st = caller_stream(s);
     const int q = parts / size_;
     std::vector<int32_t> sent(static_cast<size_t>(parts)), got(static_cast<size_t>(parts));
     to_host(sent.data(), src, sent.size() * sizeof(int32_t), st);
     MPI_CHECK(MPI_Alltoall(sent.data(), q, MPI_INT32_T, got.data(), q, MPI_INT32_T, comm_));
+    if (received) std::copy(got.begin(), got.end(), received);
     const RowsLayout l = rows_layout(sent.data(), got.data(), parts, size_, width);
     std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
     PIPER_CHECK(mpi_counts(l.send_counts, send_counts) && mpi_counts(l.send_displs, send_displs) &&
@@ -129,11 +130,11 @@ class HostStagedCommunicator final : public Communicator {
                 "all_to_all_rows: more than 2^31 floats for one rank");
     const size_t send_total = size_t(l.send_total()), recv_total = size_t(l.recv_total());
     std::vector<float> rows_in(send_total), rows_out(recv_total);
-    to_host(rows_in.data(), static_cast<const int32_t*>(src) + parts, send_total * sizeof(float), st);
+    to_host(rows_in.data(), RaggedRows(src, parts).rows, send_total * sizeof(float), st);
     MPI_CHECK(MPI_Alltoallv(rows_in.data(), send_counts.data(), send_displs.data(), MPI_FLOAT, rows_out.data(),
                             recv_counts.data(), recv_displs.data(), MPI_FLOAT, comm_));
     to_device(dst, got.data(), got.size() * sizeof(int32_t), st);
-    to_device(static_cast<int32_t*>(dst) + parts, rows_out.data(), recv_total * sizeof(float), st);
+    to_device(RaggedRows(dst, parts).rows, rows_out.data(), recv_total * sizeof(float), st);
     return std::make_unique<DoneHandle>();
   }
 

@@ -3,9 +3,11 @@
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/local_communicator.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/cuda_common.hpp"
+#include "backend/ragged_rows.hpp"
 #include "util/error.hpp"
 #include "util/mpi_check.hpp"
 
@@ -50,8 +52,8 @@ class LocalCommunicator final : public Communicator {
     return std::make_unique<QueuedHandle>();
   }
   // Every part stays here: dst = src, counts then rows (how many rows the counts say).
-  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
-                                              StreamContext* s) override {
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext* s,
+                                              int32_t* received) override {
     std::vector<int32_t> counts(size_t(parts > 0 ? parts : 0));
     cudaStream_t st = caller_stream(s);
     if (parts > 0) {
@@ -63,7 +65,8 @@ class LocalCommunicator final : public Communicator {
       PIPER_CHECK(c >= 0, "all_to_all_rows: a negative row count (", c, ")");
       rows += size_t(c);
     }
-    copy(dst, src, sizeof(int32_t) * counts.size() + rows * size_t(width) * sizeof(float), s);
+    if (received) std::copy(counts.begin(), counts.end(), received);
+    copy(dst, src, RaggedRows::bytes(parts, int64_t(rows), width), s);
     return std::make_unique<QueuedHandle>();
   }
   std::unique_ptr<CommHandle> send(const float*, size_t, int peer, int, StreamContext*) override {

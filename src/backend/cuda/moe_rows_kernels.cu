@@ -11,11 +11,16 @@ namespace {
 
 constexpr int kDotThreads = 256;  // 8 warps per block of rows_dot, one (t,k) per warp at a time
 
-// One block per output row i: dst(m,C) row i = scale[i] · src row rows[i] (scale may be null).
+// One block per output row i: dst(m,C) row i = scale[i] · src row rows[i] (scale may be null), 0 for rows[i] < 0.
 __global__ void gather_rows_kernel(float* dst, const float* src, const int32_t* rows, const float* scale, int C) {
   const int64_t i = blockIdx.x;
-  const float* s = src + int64_t(rows[i]) * C;  // (C)
-  float* d = dst + i * C;                       // (C)
+  float* d = dst + i * C;  // (C)
+  const int32_t r = rows[i];
+  if (r < 0) {  // past a routing's kept rows: zeros
+    for (int c = threadIdx.x; c < C; c += blockDim.x) d[c] = 0.f;
+    return;
+  }
+  const float* s = src + int64_t(r) * C;  // (C)
   const float a = scale ? scale[i] : 1.f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) d[c] = scale ? a * s[c] : s[c];
 }

@@ -5,10 +5,11 @@
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/nccl_communicator.hpp"
 #include "backend/mpi_ranks.hpp"
-#include "backend/rows_layout.hpp"
+#include "backend/ragged_rows.hpp"
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -203,8 +204,8 @@ class NcclCommunicator final : public Communicator {
 
   // Counts first (grouped send/recv of parts/size int32 per peer), read back to the host to size the rows,
   // then the rows as grouped send/recv. The calling stream thread waits for the counts.
-  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width,
-                                              StreamContext* s) override {
+  std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext* s,
+                                              int32_t* received) override {
     PIPER_CHECK(parts % size_ == 0, "all_to_all_rows: ", parts, " parts over ", size_, " ranks");
     std::lock_guard<std::mutex> lock(mu_);
     auto op = begin_collective(s);
@@ -223,8 +224,9 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaMemcpyAsync(got.data(), dst_counts, sizeof(int32_t) * size_t(parts), cudaMemcpyDeviceToHost,
                                group_->stream));
     CUDA_CHECK(cudaStreamSynchronize(group_->stream));
-    const float* src_rows = reinterpret_cast<const float*>(src_counts + parts);
-    float* dst_rows = reinterpret_cast<float*>(dst_counts + parts);
+    if (received) std::copy(got.begin(), got.end(), received);
+    const float* src_rows = RaggedRows(src, parts).rows;
+    float* dst_rows = RaggedRows(dst, parts).rows;
     const RowsLayout l = rows_layout(sent.data(), got.data(), parts, size_, width);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < size_; ++r) {

@@ -1,12 +1,15 @@
 // Qwen3 mixture-of-experts MLP half of a layer, x + Σ_k w_k · expert_k(norm x), as three segments so that
-// an exchange can sit between them: dispatch (norm, router, routing of model/moe/routing.hpp, the routed rows in
-// expert order), experts (each expert's SwiGLU on its rows) and combine (weights and residual).
+// an exchange can sit between them: dispatch (norm, router, routing kernels, the routed rows in expert order),
+// experts (each expert's SwiGLU on its rows) and combine (weights and residual). Routing runs on the device; the
+// experts learn their row counts from SegmentIO::counts, which the plan brings to the host.
 // Shapes: n = b·T tokens, C d_model, E experts, K top_k, DE d_expert, A = worst-case kept assignments.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
-#include "model/moe/routing.hpp"
+#include "backend/ragged_rows.hpp"
 #include "model/qwen3/qwen3_segments.hpp"
+#include "util/error.hpp"
 
 namespace piper::qwen3 {
 
@@ -16,15 +19,17 @@ const size_t f = sizeof(float), i32 = sizeof(int32_t);
 
 struct MoeShape {
   int b, T, n, C, E, K, DE, A;
-  int S;  // the shared experts' summed width (0: none)
+  int S;         // the shared experts' summed width (0: none)
+  int capacity;  // kept assignments per sequence and expert: ⌈factor · T · K / E⌉, or T · K when dropless
+  bool norm_topk;
   float eps;
-  moe::RouterShape router;
   MoeShape(const ModelDims& d, int samples)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), E(d.moe_experts), K(d.moe_top_k),
-        DE(d.moe_d_expert), S(moe_shared_width(d)), eps(float(d.norm_eps)) {
-    router = {n, T, E, K, d.moe_norm_topk_prob, d.moe_capacity_factor};
+        DE(d.moe_d_expert), S(moe_shared_width(d)), norm_topk(d.moe_norm_topk_prob), eps(float(d.norm_eps)) {
+    const double factor = d.moe_capacity_factor;
+    capacity = factor <= 0 ? T * K : int(std::ceil(factor * double(T) * double(K) / double(E)));
     // worst case: every assignment kept (dropless), or every expert full in every sequence
-    A = std::min(n * K, b * E * router.capacity());
+    A = std::min(n * K, b * E * capacity);
   }
 };
 
@@ -41,21 +46,11 @@ struct Carver {
   }
 };
 
-// Rows with a header: counts(parts) int32, then rows(Σ counts, width) floats. Part p of a buffer that is
-// exchanged goes to rank p / (parts / ranks); what arrives is ordered by source rank.
-struct Ragged {
-  int32_t* counts;
-  float* rows;
-  Ragged(const void* p, int parts)
-      : counts(static_cast<int32_t*>(const_cast<void*>(p))), rows(reinterpret_cast<float*>(counts + parts)) {}
-  static size_t bytes(int parts, int64_t rows, int width) { return size_t(parts) * i32 + size_t(rows) * width * f; }
-};
-
 // The dispatch stash, shared with the combine (its link): forward → backward state of the routing, the
 // input kept for the residual, and the slots the combine's backward fills for the dispatch's.
 struct DispatchStash {
   float *x, *h, *rstd, *probs, *weight, *token_weight, *fraction, *dweight, *dresidual, *dshared;
-  int32_t *selected, *position, *token, *offsets;
+  int32_t *selected, *position, *token, *counts;
   size_t bytes;
   DispatchStash(void* p, const MoeShape& s) {
     Carver c(p);
@@ -66,9 +61,9 @@ struct DispatchStash {
     selected = c.take<int32_t>(int64_t(s.n) * s.K);     // (n,K)
     weight = c.take<float>(int64_t(s.n) * s.K);         // (n,K)
     position = c.take<int32_t>(int64_t(s.n) * s.K);     // (n,K), -1 dropped
-    token = c.take<int32_t>(s.A);                       // (A) token of each kept assignment, expert-ordered
+    token = c.take<int32_t>(s.A);                       // (A) token of each kept assignment, expert-ordered; -1 after
     token_weight = c.take<float>(s.A);                  // (A)
-    offsets = c.take<int32_t>(s.E + 1);                 // (E+1)
+    counts = c.take<int32_t>(s.E);                      // (E) kept assignments per expert
     fraction = c.take<float>(int64_t(s.b) * s.E);       // (b,E)
     dweight = c.take<float>(int64_t(s.n) * s.K);        // from the combine's backward: d combine weights (n,K)
     dresidual = c.take<float>(int64_t(s.n) * s.C);      // from the combine's backward: d output (n,C)
@@ -93,26 +88,11 @@ SegmentSizes dispatch_sizes(const Segment&, const ModelDims& d, int samples) {
   MoeShape s(d, samples);
   SegmentSizes z;
   z.input_bytes = size_t(s.n) * s.C * f;
-  z.out_bytes = Ragged::bytes(s.E, s.A, s.C);  // counts per expert, then the rows in expert order
+  z.out_bytes = RaggedRows::bytes(s.E, s.A, s.C);  // counts per expert, then the rows in expert order
   z.stash_bytes = DispatchStash(nullptr, s).bytes;
   z.wstash_bytes = DispatchWStash(nullptr, s).bytes;
   z.workspace_bytes = z.wstash_bytes;
   return z;
-}
-
-moe::Routing load_routing(Kernels& k, const MoeShape& s, const DispatchStash& st) {
-  moe::Routing r;
-  r.probs.resize(size_t(s.n) * s.E);
-  r.selected.resize(size_t(s.n) * s.K);
-  r.weight.resize(size_t(s.n) * s.K);
-  r.fraction.resize(size_t(s.b) * s.E);
-  r.offsets.resize(size_t(s.E) + 1);
-  k.download(r.probs.data(), st.probs, r.probs.size() * f);
-  k.download(r.selected.data(), st.selected, r.selected.size() * i32);
-  k.download(r.weight.data(), st.weight, r.weight.size() * f);
-  k.download(r.fraction.data(), st.fraction, r.fraction.size() * f);
-  k.download(r.offsets.data(), st.offsets, r.offsets.size() * i32);
-  return r;
 }
 
 void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
@@ -121,47 +101,29 @@ void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const 
   k.copy(st.x, io.in, size_t(s.n) * s.C * f);
   k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kMoeNorm], s.n, s.C, s.eps);  // (n,C)
   k.linear_forward(st.probs, st.h, io.w[kRouter], nullptr, s.n, s.C, s.E);   // router logits (n,E)
-  std::vector<float> logits(size_t(s.n) * s.E), bias;
-  k.download(logits.data(), st.probs, logits.size() * f);
-  if (seg.params.size() > kRouterBias) {  // the selection bias (E)
-    bias.resize(size_t(s.E));
-    k.download(bias.data(), io.w[kRouterBias], bias.size() * f);
-  }
-  const moe::Routing r = moe::route(s.router, logits.data(), bias.empty() ? nullptr : bias.data());
-  k.upload(st.probs, r.probs.data(), r.probs.size() * f);
-  k.upload(st.selected, r.selected.data(), r.selected.size() * i32);
-  k.upload(st.weight, r.weight.data(), r.weight.size() * f);
-  k.upload(st.position, r.position.data(), r.position.size() * i32);
-  k.upload(st.token, r.token.data(), r.token.size() * i32);
-  k.upload(st.token_weight, r.token_weight.data(), r.token_weight.size() * f);
-  k.upload(st.offsets, r.offsets.data(), r.offsets.size() * i32);
-  k.upload(st.fraction, r.fraction.data(), r.fraction.size() * f);
-  if (io.balance_loss) *io.balance_loss += d.moe_aux_loss_coef * double(io.loss_scale) * s.T * r.balance;
-  if (io.routing) {  // loads (before capacity) and dropped assignments: routing_stats_size(E)
-    for (int32_t e : r.selected) io.routing[e] += 1.0;
-    io.routing[s.E] += double(s.n) * s.K - double(r.offsets[size_t(s.E)]);
-  }
-  Ragged out(io.out, s.E);
-  std::vector<int32_t> counts(size_t(s.E));
-  for (int e = 0; e < s.E; ++e) counts[size_t(e)] = r.offsets[size_t(e) + 1] - r.offsets[size_t(e)];
-  k.upload(out.counts, counts.data(), counts.size() * i32);
-  k.gather_rows(out.rows, st.h, st.token, nullptr, r.offsets[size_t(s.E)], s.C);  // (m,C), expert-ordered
+  const float* bias = seg.params.size() > kRouterBias ? io.w[kRouterBias] : nullptr;  // the selection bias (E)
+  k.moe_route(st.probs, st.selected, st.weight, st.probs, bias, s.n, s.E, s.K, s.norm_topk);
+  // kept assignments in expert order; loads (before capacity) and dropped ones into the statistics block
+  k.moe_assign(st.position, st.counts, st.token, st.token_weight, st.fraction, io.routing, st.selected, st.weight,
+               s.n, s.T, s.E, s.K, s.capacity, s.A);
+  if (io.balance_loss && d.moe_aux_loss_coef != 0)
+    k.moe_balance_loss(io.balance_loss, st.fraction, st.probs, s.n, s.T, s.E,
+                       d.moe_aux_loss_coef * double(io.loss_scale) * s.T);
+  RaggedRows out(io.out, s.E);
+  k.copy(out.counts, st.counts, size_t(s.E) * i32);
+  k.gather_rows(out.rows, st.h, st.token, nullptr, s.A, s.C);  // (A,C), expert-ordered, zeros after the kept
 }
 
 void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
   DispatchStash st(io.stash, s);
   DispatchWStash ws(io.wstash, s);
-  const moe::Routing r = load_routing(k, s, st);
-  Ragged dx(io.dout, s.E);  // d expert inputs, expert-ordered
+  RaggedRows dx(io.dout, s.E);  // d expert inputs, expert-ordered
   k.combine_rows(ws.dh, dx.rows, st.position, nullptr, s.n, s.K, s.C, false);  // d normed input from experts
   if (s.S > 0) k.accumulate(ws.dh, st.dshared, size_t(s.n) * s.C);             // + from the shared experts
-  // router: d combine weights (from the combine) and the balance loss → d logits, on the host
-  std::vector<float> dweight(size_t(s.n) * s.K), dlogits(size_t(s.n) * s.E);
-  k.download(dweight.data(), st.dweight, dweight.size() * f);
-  moe::router_backward(s.router, r, dweight.data(), d.moe_aux_loss_coef * double(io.loss_scale) * s.T,
-                       dlogits.data());
-  k.upload(ws.dlogits, dlogits.data(), dlogits.size() * f);
+  // router: d combine weights (from the combine) and the balance loss → d logits
+  k.moe_router_backward(ws.dlogits, st.probs, st.selected, st.weight, st.fraction, st.dweight, s.n, s.T, s.E, s.K,
+                        s.norm_topk, d.moe_aux_loss_coef * double(io.loss_scale) * s.T);
   k.linear_backward_input(ws.dh, ws.dlogits, io.w[kRouter], s.n, s.C, s.E, true);  // + router path
   k.copy(io.din, st.dresidual, size_t(s.n) * s.C * f);                            // residual path
   k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, io.w[kMoeNorm], s.n, s.C, true);
@@ -187,7 +149,7 @@ struct ExpertsShape : MoeShape {
   int shards, local, parts, rows;
   ExpertsShape(const ModelDims& d, int samples, int shards_)
       : MoeShape(d, samples), shards(shards_), local(d.moe_experts / shards_), parts(d.moe_experts),
-        rows(shards_ * std::min(A, b * local * router.capacity())) {}
+        rows(shards_ * std::min(A, b * local * capacity)) {}
 };
 
 // A SwiGLU over (rows, width) — the routed experts' rows, or every token through the shared experts:
@@ -216,18 +178,18 @@ struct SwigluWStash {
   }
 };
 
-// The parts of a received buffer: first row and count of each, and the global expert it belongs to.
+// The parts of a received buffer: first row and count of each, and the global expert it belongs to, from the
+// counts the host knows (SegmentIO::counts).
 struct Part {
   int expert, first, count;
 };
-std::vector<Part> parts_of(Kernels& k, const ExpertsShape& s, const void* ragged, int shard) {
-  std::vector<int32_t> counts(size_t(s.parts));
-  k.download(counts.data(), ragged, counts.size() * i32);
+std::vector<Part> parts_of(const ExpertsShape& s, const SegmentIO& io) {
+  PIPER_CHECK(io.counts, "segment of experts without its row counts on the host");
   std::vector<Part> parts;
   int at = 0;
   for (int p = 0; p < s.parts; ++p) {
-    parts.push_back({shard * s.local + p % s.local, at, counts[size_t(p)]});
-    at += counts[size_t(p)];
+    parts.push_back({io.shard * s.local + p % s.local, at, io.counts[p]});
+    at += io.counts[p];
   }
   return parts;
 }
@@ -238,7 +200,7 @@ enum { kGate, kUp, kDown };
 SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) {
   ExpertsShape s(d, samples, std::max(1, seg.shards));
   SegmentSizes z;
-  z.input_bytes = z.out_bytes = Ragged::bytes(s.parts, s.rows, s.C);
+  z.input_bytes = z.out_bytes = RaggedRows::bytes(s.parts, s.rows, s.C);
   z.stash_bytes = SwigluStash(nullptr, s.rows, s.DE).bytes;
   z.wstash_bytes = SwigluWStash(nullptr, s.rows, s.DE).bytes;
   z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f;  // + d(silu(g)·u)
@@ -252,11 +214,11 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
 void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
   SwigluStash st(io.stash, s.rows, s.DE);
-  Ragged in(io.in, s.parts), out(io.out, s.parts);
+  RaggedRows in(io.in, s.parts), out(io.out, s.parts);
   k.copy(out.counts, in.counts, size_t(s.parts) * i32);
   std::vector<LinearGroup> gate_up, down;
   int rows = 0;
-  for (const Part& p : parts_of(k, s, io.in, io.shard)) {
+  for (const Part& p : parts_of(s, io)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     const float* x = in.rows + xo;  // (count,C)
@@ -275,11 +237,11 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   SwigluStash st(io.stash, s.rows, s.DE);
   SwigluWStash ws(io.wstash, s.rows, s.DE);
   float* da = io.workspace;  // (rows,DE)
-  Ragged dy(io.dout, s.parts), dx(io.din, s.parts);
+  RaggedRows dy(io.dout, s.parts), dx(io.din, s.parts);
   k.copy(dx.counts, dy.counts, size_t(s.parts) * i32);
   std::vector<LinearGroup> down, gate, up;
   int rows = 0;
-  for (const Part& p : parts_of(k, s, io.in, io.shard)) {
+  for (const Part& p : parts_of(s, io)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     down.push_back({da + fo, dy.rows + xo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
@@ -297,10 +259,10 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
   ExpertsShape s(d, io.samples, io.shards);
   SwigluStash st(io.stash, s.rows, s.DE);
   SwigluWStash ws(io.wstash, s.rows, s.DE);
-  Ragged in(io.in, s.parts), dy(io.dout, s.parts);
+  RaggedRows in(io.in, s.parts), dy(io.dout, s.parts);
   std::vector<bool> written(size_t(s.E), false);  // this call has written expert e's gradients
   std::vector<LinearGroup> products;  // parts of one expert (one per source rank) add into its gradients in order
-  for (const Part& p : parts_of(k, s, io.in, io.shard)) {
+  for (const Part& p : parts_of(s, io)) {
     if (p.count == 0) continue;
     const int i = 3 * p.expert;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
@@ -325,7 +287,7 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
 SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
   MoeShape s(d, samples);
   SegmentSizes z;
-  z.input_bytes = Ragged::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
+  z.input_bytes = RaggedRows::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
   z.out_bytes = size_t(s.n) * s.C * f;
   if (s.S > 0) {
     z.stash_bytes = SwigluStash(nullptr, s.n, s.S).bytes;
@@ -338,7 +300,7 @@ SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
 void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
   DispatchStash link(io.link, s);
-  Ragged y(io.in, s.E);
+  RaggedRows y(io.in, s.E);
   if (s.S > 0) {  // out = SwiGLU_shared(h), then the residual and the routed experts are added
     SwigluStash st(io.stash, s.n, s.S);
     k.linear_forward(st.g, link.h, io.w[kSharedGate], nullptr, s.n, s.C, s.S);  // (n,S)
@@ -355,12 +317,9 @@ void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
 void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   MoeShape s(d, io.samples);
   DispatchStash link(io.link, s);
-  Ragged y(io.in, s.E), dy(io.din, s.E);
-  std::vector<int32_t> offsets(size_t(s.E) + 1), counts(size_t(s.E));
-  k.download(offsets.data(), link.offsets, offsets.size() * i32);
-  for (int e = 0; e < s.E; ++e) counts[size_t(e)] = offsets[size_t(e) + 1] - offsets[size_t(e)];
-  k.upload(dy.counts, counts.data(), counts.size() * i32);
-  k.gather_rows(dy.rows, io.dout, link.token, link.token_weight, offsets[size_t(s.E)], s.C);  // w · dout (m,C)
+  RaggedRows y(io.in, s.E), dy(io.din, s.E);
+  k.copy(dy.counts, link.counts, size_t(s.E) * i32);                                // the dispatch's counts
+  k.gather_rows(dy.rows, io.dout, link.token, link.token_weight, s.A, s.C);  // w · dout (A,C), zeros after the kept
   k.rows_dot(link.dweight, io.dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
   k.copy(link.dresidual, io.dout, size_t(s.n) * s.C * f);                                    // residual
   if (s.S > 0) {  // shared experts: d h into the dispatch's stash, d g and d u for the weights

@@ -1,6 +1,6 @@
-// Mixture-of-experts routing on the host (see routing.hpp). Everything here is a function of one
-// sequence's tokens at a time, so microbatching and expert placement cannot change it.
-#include "model/moe/routing.hpp"
+// Mixture-of-experts routing written plainly on the host (see moe_routing_reference.hpp), one token and one
+// sequence at a time.
+#include "moe_routing_reference.hpp"
 
 #include <algorithm>
 #include <cmath>

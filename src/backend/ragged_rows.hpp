@@ -1,10 +1,28 @@
-// Where the rows of Communicator::all_to_all_rows go: floats sent to and received from each group rank and
-// their offsets, from the two count headers. Part p goes to rank p / (parts / ranks); every backend uses this.
+// Ragged rows, the one format of rows routed to parts (a mixture of experts' token rows): `parts` int32 counts, then
+// the rows (width floats each) of part 0, part 1, ... Segments write and read it, Communicator::all_to_all_rows
+// exchanges it (part p goes to group rank p / (parts / ranks)), and rows_layout says where its rows travel.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace piper {
+
+// A view of ragged rows at `p`: the count header, then the rows.
+struct RaggedRows {
+  int32_t* counts;  // (parts)
+  float* rows;      // (Σ counts, width)
+  RaggedRows(const void* p, int parts)
+      : counts(static_cast<int32_t*>(const_cast<void*>(p))), rows(reinterpret_cast<float*>(counts + parts)) {}
+  // Bytes of a buffer of `parts` counts and `rows` rows.
+  static size_t bytes(int parts, int64_t rows, int width) {
+    return size_t(parts) * sizeof(int32_t) + size_t(rows) * size_t(width) * sizeof(float);
+  }
+  // The rows a buffer of `bytes` bytes holds.
+  static int64_t rows_in(size_t bytes, int parts, int width) {
+    return int64_t((bytes - size_t(parts) * sizeof(int32_t)) / (sizeof(float) * size_t(width)));
+  }
+};
 
 struct RowsLayout {
   std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;  // floats, per group rank

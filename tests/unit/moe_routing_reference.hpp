@@ -1,6 +1,6 @@
-// Mixture-of-experts routing on the host: router softmax (fp32), top-k with renormalization, per-sequence
-// capacity, the expert-ordered list of kept (token, slot) assignments, the sequence-wise balance loss
-// (DeepSeek-V3) and the backward from the combine weights' gradient to the router logits.
+// Mixture-of-experts routing written plainly on the host, the reference of the routing kernels: router softmax
+// (fp32), top-k with renormalization, per-sequence capacity, the expert-ordered list of kept (token, slot)
+// assignments, the sequence-wise balance loss (DeepSeek-V3) and the backward to the router logits.
 #pragma once
 #include <cstdint>
 #include <vector>
