@@ -17,6 +17,7 @@ BENCHMARKS=(
   "zero_peak.py"
   "checkpoint_io.py"
   "schedules.py"
+  "recompute.py"
 )
 
 failed=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Draws the schedule grid of a Piper plan as a PNG: one row per rank, one box per forward/backward pass
-(F blue, B green, BI orange, BW purple, optimizer grey), labelled with its microbatch.
+(F blue, B green, BI orange, BW purple, R (a recomputed forward) light blue, optimizer grey), labelled with its
+microbatch.
 
 Input: the predicted timeline of a dry run (`piper ... --dry-run --dump-plan DIR` writes DIR/timeline.json)
 or a measured one (`piper ... --trace FILE`; the first traced step is drawn unless --step says which).
@@ -15,7 +16,7 @@ import sys
 import zlib
 
 COLORS = {"F": (76, 114, 176), "B": (85, 168, 104), "BI": (221, 132, 82), "BW": (129, 114, 178),
-          "UPDATE": (150, 150, 150)}
+          "R": (100, 181, 205), "UPDATE": (150, 150, 150)}
 # 3x5 pixel glyphs
 GLYPHS = {
     "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",

@@ -1,5 +1,6 @@
 // Memory planning for --dry-run --fit-memory (see fit_memory.hpp): a doubling then bisecting search over
-// sequences per microbatch, one full compile (with its memory estimate) per trial size and ZeRO level.
+// sequences per microbatch, one full compile (with its memory estimate) per trial size, ZeRO level and recompute
+// policy.
 #include "app/fit_memory.hpp"
 
 #include <cctype>
@@ -19,7 +20,23 @@ struct Trial {
   uint64_t peak = 0;
   int set = -1, rank = -1, kind = -1;
   uint64_t kind_bytes = 0;
+  double rerun_share = 0;
 };
+
+// The job with one recompute directive of `policy` over every region in place of its own ("none": none).
+JobSpec with_recompute(JobSpec spec, const std::string& policy) {
+  std::erase_if(spec.directives, [](const Directive& d) { return d.op == "recompute"; });
+  for (size_t i = 0; i < spec.directives.size(); ++i) spec.directives[i].index = int(i);
+  if (policy == "none") return spec;
+  Directive d;
+  d.op = "recompute";
+  d.policy = policy;
+  d.index = int(spec.directives.size());
+  d.loc.file = "--fit-memory";
+  d.generated = true;
+  spec.directives.push_back(d);
+  return spec;
+}
 
 Trial compile_trial(JobSpec spec, int world, int zero, int64_t batch) {
   spec.data.batch = int(batch);
@@ -28,6 +45,13 @@ Trial compile_trial(JobSpec spec, int world, int zero, int64_t batch) {
   CompileResult r;
   compile_job(spec, world, r);
   Trial t;
+  double model = 0, reruns = 0;  // FLOPs of a step: the model's, and the reruns' over every rank
+  for (const auto& seg : r.graph.model->segments) model += 3.0 * seg.fwd_flops_per_sample * double(batch);
+  for (const Plan& body : r.bodies)
+    for (const Instr& in : body.instrs)
+      if (in.op == Op::Recompute)
+        reruns += instr_forward_flops(body, in) * in.compute().samples * double(body.sets[size_t(body.set)].size());
+  t.rerun_share = model > 0 ? reruns / model : 0;
   for (size_t s = 0; s < r.bodies.size(); ++s) {
     const MemoryEstimate& m = r.bodies[s].memory;
     if (t.set >= 0 && m.peak_total <= t.peak) continue;
@@ -78,6 +102,7 @@ FitRow fit_level(const JobSpec& spec, int world, int zero, int64_t per_sequence,
     }
     row.sequences = int(lo);
     row.peak_bytes = lo_trial.peak;
+    row.rerun_share = lo_trial.rerun_share;
     if (hi == 0) {
       row.capped = true;
       limited_by(lo_trial);
@@ -105,19 +130,24 @@ FitReport fit_memory(const JobSpec& spec, int world, const Graph& compiled, uint
     throw SystemError("fit-memory: data.batch is not a whole number of microbatch sizes");
   for (const Directive& d : spec.directives) rep.replicated |= d.op == "replicate";
   for (int zero = 0; zero <= (rep.replicated ? 3 : 0); ++zero)
-    rep.rows.push_back(fit_level(spec, world, zero, rep.batch_per_sequence, limit_bytes));
+    for (const std::string& policy : fit_recompute_policies()) {
+      rep.rows.push_back(fit_level(with_recompute(spec, policy), world, zero, rep.batch_per_sequence, limit_bytes));
+      rep.rows.back().recompute = policy;
+    }
   return rep;
 }
 
 void print_fit_report(const FitReport& r) {
   std::printf("fit memory: %.2f GiB (%.2f MiB) per rank; %d microbatches, data.batch = sequences per microbatch x %lld\n",
               gib(r.limit_bytes), mib(r.limit_bytes), r.microbatches, static_cast<long long>(r.batch_per_sequence));
-  std::printf("%6s %22s %10s %14s   %s\n", "zero", "sequences/microbatch", "data.batch", "est. peak MiB",
-              "limited by (estimate at the next size)");
+  std::printf("%6s %10s %22s %10s %14s %12s   %s\n", "zero", "recompute", "sequences/microbatch", "data.batch",
+              "est. peak MiB", "extra FLOPs", "limited by (estimate at the next size)");
   for (const FitRow& row : r.rows) {
     const std::string zero = r.replicated ? std::to_string(row.zero) : std::string("-");
+    const char* policy = row.recompute.c_str();
     if (!row.error.empty()) {
-      std::printf("%6s %22s %10s %14s   does not compile: %s\n", zero.c_str(), "-", "-", "-", row.error.c_str());
+      std::printf("%6s %10s %22s %10s %14s %12s   does not compile: %s\n", zero.c_str(), policy, "-", "-", "-", "-",
+                  row.error.c_str());
       continue;
     }
     std::string why = row.limit_set < 0 ? std::string("-")
@@ -130,11 +160,13 @@ void print_fit_report(const FitReport& r) {
     }
     if (row.capped) why = cat("the search stops at ", kMaxSequences, " sequences; largest kind there: ", why);
     if (row.sequences == 0) {
-      std::printf("%6s %22s %10s %14s   %s (not even 1 sequence fits)\n", zero.c_str(), "none", "-", "-", why.c_str());
+      std::printf("%6s %10s %22s %10s %14s %12s   %s (not even 1 sequence fits)\n", zero.c_str(), policy, "none", "-",
+                  "-", "-", why.c_str());
       continue;
     }
-    std::printf("%6s %22d %10lld %14.2f   %s\n", zero.c_str(), row.sequences,
-                static_cast<long long>(row.sequences * r.batch_per_sequence), mib(row.peak_bytes), why.c_str());
+    std::printf("%6s %10s %22d %10lld %14.2f %11.1f%%   %s\n", zero.c_str(), policy, row.sequences,
+                static_cast<long long>(row.sequences * r.batch_per_sequence), mib(row.peak_bytes),
+                100.0 * row.rerun_share, why.c_str());
   }
   if (!r.replicated) std::printf("no replicate directive: ZeRO levels do not apply, one row stands for all\n");
 }
@@ -147,7 +179,9 @@ void fit_report_json(JsonWriter& w, const FitReport& r) {
     w.begin_object().key("zero");
     if (r.replicated) w.value(row.zero);
     else w.null();  // ZeRO levels do not apply: the one row stands for all
+    w.key("recompute").value(row.recompute);
     w.key("sequences").value(row.sequences);
+    w.key("extra_flops").value(row.rerun_share);  // the reruns' FLOPs over the model's
     w.key("data_batch");
     if (row.sequences > 0) w.value(row.sequences * r.batch_per_sequence);
     else w.null();

@@ -1,5 +1,6 @@
-// --dry-run --fit-memory SIZE: per ZeRO level, the largest microbatch (sequences per microbatch) whose
-// estimated peak fits in SIZE on every rank, and which rank and buffer kind stop the next size.
+// --dry-run --fit-memory SIZE: per ZeRO level and recompute policy, the largest microbatch (sequences per
+// microbatch) whose estimated peak fits in SIZE on every rank, which rank and buffer kind stop the next size, and
+// the FLOPs the policy's reruns add.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,6 +17,8 @@ namespace piper {
 // the search reached `kMaxSequences` (then `capped`).
 struct FitRow {
   int zero = 0;
+  std::string recompute = "none";  // the policy of a recompute directive over every region, or none at all
+  double rerun_share = 0;          // the FLOPs its reruns add, as a share of the model's FLOPs of a step
   int sequences = 0;           // per microbatch, per replica
   uint64_t peak_bytes = 0;     // the highest rank's estimated peak at `sequences`
   int limit_rank = -1, limit_set = -1;
@@ -34,6 +37,12 @@ struct FitReport {
 };
 
 constexpr int kMaxSequences = 1 << 20;
+
+// The recompute policies a fit is searched for: each replaces the job's own recompute directives.
+inline const std::vector<std::string>& fit_recompute_policies() {
+  static const std::vector<std::string> policies = {"none", "selective", "full"};
+  return policies;
+}
 
 // Compiles `spec` (already expanded) for `world` ranks at each trial size; `compiled` is the graph of the
 // job as given (its microbatches and batch split). Throws UserError when the job itself does not compile.

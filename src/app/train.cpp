@@ -235,10 +235,21 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   // model FLOPs of one step: forward + backward (2x forward) of every segment for the global batch
   double flops_per_step = 0;
   for (const auto& seg : plan.segments) flops_per_step += 3.0 * seg.fwd_flops_per_sample * plan.data.batch;
-  if (rank == 0)
+  // what the hardware does besides: the forwards that recompute reruns, summed over every rank's plan
+  double rerun_flops = 0, rerun_flops_per_step = 0;
+  for (const auto& in : plan.instrs)
+    if (in.op == Op::Recompute) rerun_flops += instr_forward_flops(plan, in) * in.compute().samples;
+  MPI_CHECK(MPI_Allreduce(&rerun_flops, &rerun_flops_per_step, 1, MPI_DOUBLE, MPI_SUM, world));
+  const double hardware_flops_per_step = flops_per_step + rerun_flops_per_step;
+  if (rank == 0) {
     std::printf("model: %lld parameters, %.3f GFLOP per step (%.0f FLOP per token)\n",
                 [&] { long long n = 0; for (const auto& p : plan.params) n += p.numel; return n; }(),
                 flops_per_step / 1e9, flops_per_step / tokens_per_step);
+    if (rerun_flops_per_step > 0)
+      std::printf("recompute: %.3f GFLOP per step more (%.1f%% of the model's), %.3f GFLOP per step on the hardware\n",
+                  rerun_flops_per_step / 1e9, 100.0 * rerun_flops_per_step / flops_per_step,
+                  hardware_flops_per_step / 1e9);
+  }
   int64_t last_saved = -1;
   CheckpointSaver saver(plan.checkpoint_dir, plan.checkpoint_keep, plan.checkpoint_async, world);
   saver.set_damaged(refused);
@@ -300,12 +311,15 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
           extra = cat(", \"xent\": ", json_number(m.loss - m.balance_loss), ", \"balance_loss\": ",
                       json_number(m.balance_loss));
         if (!m.finite) extra += ", \"skipped\": true";
+        std::string hardware;  // with recompute: the FLOP/s the hardware ran, reruns included, next to the model's
+        if (rerun_flops_per_step > 0)
+          hardware = cat(", \"hardware_flops_per_s\": ", json_number(hardware_flops_per_step / dt));
         std::snprintf(line, sizeof(line),
                       "{\"step\": %lld, \"loss\": %s%s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens_per_s\": %.6g, "
                       "\"ms\": %.6g, \"flops_per_s\": %.6g",
                       static_cast<long long>(step + 1), json_number(m.loss).c_str(), extra.c_str(), m.lr,
                       json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt);
-        metrics << line << routing_json(routing) << "}\n" << std::flush;
+        metrics << line << hardware << routing_json(routing) << "}\n" << std::flush;
         if (!metrics) {
           std::fprintf(stderr, "piper: error: --metrics %s: cannot write the line of step %lld: %s; the run ends "
                        "after the next step%s\n", opts.metrics.c_str(), static_cast<long long>(step + 1),
@@ -393,6 +407,11 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     const double loop = now_seconds() - loop_start;
     std::printf("trained steps %lld..%lld in %.3f s: %.2f ms a step with its logging and checkpoints\n",
                 static_cast<long long>(start + 1), static_cast<long long>(end), loop, loop * 1e3 / double(end - start));
+    const double per_step = loop / double(end - start);
+    std::printf("throughput: %.3f model GFLOP/s", flops_per_step / per_step / 1e9);
+    if (rerun_flops_per_step > 0)
+      std::printf(", %.3f hardware GFLOP/s (recompute included)", hardware_flops_per_step / per_step / 1e9);
+    std::printf("\n");
   }
   if (rank == 0 && skipped_total > 0)
     std::printf("%lld step%s had a non-finite loss or gradient norm and applied no update\n",

@@ -36,7 +36,7 @@ double CostModel::seconds(const Plan& p, const Instr& in, int group_size, double
     case CostRule::Flops: {
       if (uniform) return op.flops_factor * share;
       const ComputeArgs& c = in.compute();
-      return p.segments[size_t(c.segment)].fwd_flops_per_sample * c.samples * op.flops_factor / flops;
+      return instr_forward_flops(p, in) * c.samples * op.flops_factor / flops;
     }
     case CostRule::MemoryPasses: return uniform ? 0.0 : double(in.update().count) * 4 * sizeof(float) / memory_bandwidth;
     case CostRule::Latency: return uniform ? 0.0 : latency;

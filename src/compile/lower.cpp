@@ -67,11 +67,11 @@ class Lowerer {
         issue_receives(compute_index);
         issue_receives(compute_index + 1);
         ++compute_index;
-        while (next_op < ops_.size() && ops_[next_op].node == id) {
+        while (next_op < ops_.size() && issued_with(ops_[next_op], id)) {
           issue_gathers(next_op);
           if (next_op + 1 < ops_.size()) issue_gathers(next_op + 1);  // prefetch one use ahead
           emit_compute(next_op);
-          auto early = early_.find({id, ops_[next_op].segment});
+          auto early = early_.find({ops_[next_op].node, ops_[next_op].segment});
           if (early != early_.end())
             for (int c : early->second) emit_node(g_.nodes[size_t(c)]);
           ++next_op;
@@ -90,6 +90,12 @@ class Lowerer {
     int node;
     int segment;
   };
+  // Whether `op` is issued while the sequence is at node `id`: its own ops, and the reruns it interleaves.
+  bool issued_with(const SegOp& op, int id) const {
+    if (op.node == id) return true;
+    auto rerun = rerun_of_.find(id);
+    return rerun != rerun_of_.end() && rerun->second == op.node;
+  }
 
   const Graph& g_;
   const GraphIndex& index_;
@@ -107,6 +113,8 @@ class Lowerer {
   std::vector<int> param_index_;        // model param → plan param (or -1)
   std::vector<SegOp> ops_;
   std::map<std::pair<int, int>, int> gather_node_;  // (compute node, graph bucket) → gather node
+  std::map<int, int> gathers_of_;                   // R node → the backward node whose gathers it uses
+  std::map<int, int> rerun_of_;                     // backward node → its R node (whose ops sit among its own)
   struct Gathered {
     int buf;       // instance holding the bucket's full parameters
     size_t last;   // last segment op using it so far
@@ -313,9 +321,30 @@ class Lowerer {
     return keyed_buffer('D', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
                         cat("dact", boundary, ".mb", mb));
   }
+  // The stash kept from the forward to the backward: all of it, or under selective recompute its kept part.
   int stash_buf(int seg, int mb) {
     auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
-    return keyed_buffer('S', seg, mb, sz.stash_bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
+    const uint64_t bytes = selective(seg) ? sz.stash_kept_bytes : sz.stash_bytes;
+    return keyed_buffer('S', seg, mb, bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
+  }
+  bool recomputed(int seg) const { return g_.segment_recompute[size_t(seg)] != 0; }
+  bool selective(int seg) const { return g_.segment_recompute[size_t(seg)] == kRecomputeSelective; }
+  // What a recomputed segment's forward writes and drops: its whole stash (full), or the recomputed part.
+  int forward_only_stash(int seg, int mb) {
+    auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
+    const uint64_t bytes = selective(seg) ? sz.stash_bytes - sz.stash_kept_bytes : sz.stash_bytes;
+    return keyed_buffer('T', seg, mb, bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb, ".forward"));
+  }
+  // Selective recompute: the recomputed part of the stash, from the rerun to the backward weight.
+  int stash_tail_buf(int seg, int mb) {
+    auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
+    return keyed_buffer('U', seg, mb, sz.stash_bytes - sz.stash_kept_bytes, BufferKind::Activation,
+                        cat("stash", seg, ".mb", mb, ".tail"));
+  }
+  // Where a rerun's output goes: the activation it recomputes is still held (the next segment's backward reads it).
+  int rerun_output(int seg, int mb) {
+    return keyed_buffer('O', seg, mb, uint64_t(act_elems(seg + 1)) * sizeof(float), BufferKind::Activation,
+                        cat("act", seg + 1, ".mb", mb, ".rerun"));
   }
   int wstash_buf(int seg, int mb) {
     auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
@@ -355,10 +384,23 @@ class Lowerer {
       const Node& n = g_.nodes[size_t(id)];
       if (!is_compute(n.kind)) continue;
       const Region& r = g_.regions[size_t(n.region)];
-      if (n.kind == NodeKind::F)
+      if (n.kind == NodeKind::F) {
         for (int s = r.seg_begin; s < r.seg_end; ++s) ops_.push_back({id, s});
-      else
-        for (int s = r.seg_end - 1; s >= r.seg_begin; --s) ops_.push_back({id, s});
+      } else if (n.kind == NodeKind::R) {  // its reruns go with the backward it serves, segment by segment
+        for (int ei : index_.out[size_t(id)])
+          if (g_.edges[size_t(ei)].kind == EdgeKind::Data) {
+            const int backward = g_.edges[size_t(ei)].to;
+            rerun_of_[backward] = id;
+            gathers_of_[id] = backward;  // the backward's parameter gathers serve its reruns
+          }
+      } else {
+        auto rerun = rerun_of_.find(id);
+        for (int s = r.seg_end - 1; s >= r.seg_begin; --s) {
+          // a segment's forward again just before its backward: one rerun stash alive at a time
+          if (rerun != rerun_of_.end() && recomputed(s)) ops_.push_back({rerun->second, s});
+          ops_.push_back({id, s});
+        }
+      }
     }
   }
 
@@ -431,7 +473,8 @@ class Lowerer {
         instance_for_op_[{op_index, gb}] = cur->second.buf;
         continue;
       }
-      auto node = gather_node_.find({op.node, gb});
+      auto owner = gathers_of_.find(op.node);
+      auto node = gather_node_.find({owner != gathers_of_.end() ? owner->second : op.node, gb});
       PIPER_CHECK(node != gather_node_.end(), "no parameter gather node for bucket ", gb);
       const PlanBucket& pb = plan_bucket(gb);
       int buf = new_buffer(uint64_t(pb.padded) * sizeof(float), BufferKind::Param, false,
@@ -456,6 +499,7 @@ class Lowerer {
       case NodeKind::B: return Op::Backward;
       case NodeKind::BI: return Op::BackwardInput;
       case NodeKind::BW: return Op::BackwardWeight;
+      case NodeKind::R: return Op::Recompute;
       default: PIPER_CHECK(false, "not a compute node");
     }
     return Op::Forward;
@@ -477,7 +521,12 @@ class Lowerer {
     in.sample_offset = mb * b_;
     in.loss_scale = float(1.0 / (double(g_.global_batch) * m_.dims.rows_per_sample));
     const bool input = !reads_data(seg);
-    in.stash = stash_buf(op.segment, mb);
+    // A recomputed segment's forward stash lives only through the forward and the rerun writes the one kept (full);
+    // under selective recompute the forward keeps the kept part and drops the tail, which the rerun writes again.
+    const bool full = recomputed(op.segment) && !selective(op.segment);
+    in.stash = n.kind == NodeKind::F && full ? forward_only_stash(op.segment, mb) : stash_buf(op.segment, mb);
+    if (selective(op.segment))
+      in.stash_tail = n.kind == NodeKind::F ? forward_only_stash(op.segment, mb) : stash_tail_buf(op.segment, mb);
     if (seg.type->link_offset != 0) {
       const int partner = op.segment + seg.type->link_offset;
       PIPER_CHECK(partner >= 0 && size_t(partner) < segs_.size(), "segment ", seg.name, " links outside the model");
@@ -488,7 +537,8 @@ class Lowerer {
     }
     if (input) in.in = exchanged(TensorRef::Kind::Act, op.segment) ? exchanged_buf('X', op.segment, mb) : act_buf(op.segment, mb);
     if (n.kind == NodeKind::F && !is_head(seg)) in.out = act_buf(op.segment + 1, mb);
-    if (n.kind != NodeKind::F) {
+    if (n.kind == NodeKind::R && !is_head(seg) && !selective(op.segment)) in.out = rerun_output(op.segment, mb);
+    if (n.kind != NodeKind::F && n.kind != NodeKind::R) {
       if (!is_head(seg))
         in.dout = exchanged(TensorRef::Kind::ActGrad, op.segment + 1) ? exchanged_buf('Y', op.segment + 1, mb)
                                                                       : act_grad_buf(op.segment + 1, mb);

@@ -197,13 +197,13 @@ class Simulator {
       // a region's pass (one IR node) spread over its segment instructions by their FLOPs
       std::map<int32_t, double> node_flops;
       for (const auto& in : p.instrs)
-        if (op_is_compute(in.op)) node_flops[in.node] += p.segments[size_t(in.compute().segment)].fwd_flops_per_sample;
+        if (op_is_compute(in.op)) node_flops[in.node] += instr_forward_flops(p, in);
       for (size_t i = 0; i < p.instrs.size(); ++i) {
         const Instr& in = p.instrs[i];
         int group_size = in.group() >= 0 ? int(p.group_ranks(p.groups[size_t(in.group())]).size()) : 1;
         double share = 1.0;
         if (op_is_compute(in.op) && node_flops[in.node] > 0)
-          share = p.segments[size_t(in.compute().segment)].fwd_flops_per_sample / node_flops[in.node];
+          share = instr_forward_flops(p, in) / node_flops[in.node];
         duration_[id({int(s), int32_t(i)})] = cost_.seconds(p, in, group_size, share);
       }
     }

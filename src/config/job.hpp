@@ -80,6 +80,7 @@ struct MeshSpec {
   int grad_buckets_in_flight = 2;
   int ep = 1;            // ranks per expert group, inside each stage's dp ranks (1: no expert parallelism)
   std::string schedule;  // empty: default
+  std::string recompute;  // "", "none", "full" or "selective": writes a recompute directive over every region
   SourceLoc loc;
 };
 
@@ -98,7 +99,7 @@ struct Annotation {
 
 // One [[directive]]. Which fields are meaningful depends on `op`.
 struct Directive {
-  std::string op;  // split | place | replicate | shard | order | schedule
+  std::string op;  // split | place | replicate | shard | order | schedule | recompute
   int index = 0;   // position among [[directive]] tables, 0-based
   SourceLoc loc;
   Filter filter;
@@ -114,6 +115,9 @@ struct Directive {
   std::string stream = "dp";
   // shard (and its stream above)
   int group = 0;  // ranks per expert group; 0: the whole device set
+  // recompute
+  std::string policy = "full";  // full | selective
+  int every = 1;                // every k-th eligible segment of the matched regions, in model order
   // order
   std::vector<std::vector<Filter>> slots;
   // schedule

@@ -258,6 +258,7 @@ void load_mesh(TomlReader& r, MeshSpec& m) {
   m.grad_buckets_in_flight = int(r.get_int("grad_buckets_in_flight", 2, 1, 1 << 20));
   m.ep = int(r.get_int("ep", 1, 1, 1 << 24));
   m.schedule = r.get_string("schedule", "", kScheduleKinds);
+  m.recompute = r.get_string("recompute", "", {"none", "full", "selective"});
   r.finish();
 }
 
@@ -359,8 +360,9 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
     d.index = index;
     d.loc = r.loc();
     if (!r.has("op"))
-      r.error("op", "one of \"split\", \"place\", \"replicate\", \"shard\", \"order\", \"schedule\"", nullptr);
-    d.op = r.get_string("op", "", {"split", "place", "replicate", "shard", "order", "schedule"});
+      r.error("op", "one of \"split\", \"place\", \"replicate\", \"shard\", \"order\", \"schedule\", \"recompute\"",
+              nullptr);
+    d.op = r.get_string("op", "", {"split", "place", "replicate", "shard", "order", "schedule", "recompute"});
     auto filter_or_all = [&](bool required) {
       const toml::node* f = r.get_node("filter");
       if (!f) {
@@ -398,6 +400,10 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       d.filter = filter_or_all(true);
       d.stream = r.get_string("stream", "ep");
       d.group = int(r.get_int("group", 0, 1, 1 << 24));
+    } else if (d.op == "recompute") {
+      d.filter = filter_or_all(false);
+      d.policy = r.get_string("policy", "full", {"full", "selective"});
+      d.every = int(r.get_int("every", 1, 1, 1 << 20));
     } else if (d.op == "order") {
       const toml::node* fs = r.get_node("filters");
       const toml::array* fa = fs ? fs->as_array() : nullptr;

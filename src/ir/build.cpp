@@ -128,6 +128,7 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
   g.samples_per_microbatch = spec.data.batch;
   g.regions = make_regions(model, spec.annotations);
   g.segment_shards.assign(model.segments.size(), 1);
+  g.segment_recompute.assign(model.segments.size(), 0);
 
   const int R = int(g.regions.size());
   std::vector<int> fwd(static_cast<size_t>(R)), bwd(static_cast<size_t>(R)), upd(static_cast<size_t>(R));

@@ -21,13 +21,16 @@ const char* node_kind_name(NodeKind k) {
     case NodeKind::REDUCE_SCATTER: return "REDUCE_SCATTER";
     case NodeKind::ALL_GATHER: return "ALL_GATHER";
     case NodeKind::ALL_TO_ALL: return "ALL_TO_ALL";
+    case NodeKind::R: return "R";
   }
   return "?";
 }
 
 const char* pass_name(NodeKind k) { return is_compute(k) || k == NodeKind::UPDATE ? node_kind_name(k) : ""; }
 
-bool is_compute(NodeKind k) { return k == NodeKind::F || k == NodeKind::B || k == NodeKind::BI || k == NodeKind::BW; }
+bool is_compute(NodeKind k) {
+  return k == NodeKind::F || k == NodeKind::B || k == NodeKind::BI || k == NodeKind::BW || k == NodeKind::R;
+}
 bool is_comm(NodeKind k) { return !is_compute(k) && k != NodeKind::UPDATE; }
 
 const char* comm_purpose_name(CommPurpose p) {

@@ -17,6 +17,7 @@ enum class NodeKind : uint8_t {
   SEND, RECV,     // point-to-point between device sets
   ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER,
   ALL_TO_ALL,     // rows exchanged inside a device set, counts first (a sharded region's inputs and outputs)
+  R,              // recompute: a region's recomputed segments run their forward again, just before its backward
 };
 const char* node_kind_name(NodeKind k);
 bool is_compute(NodeKind k);
@@ -36,6 +37,8 @@ struct TensorRef {
 };
 
 using Tags = std::map<std::string, int>;
+
+constexpr uint8_t kRecomputeFull = 1, kRecomputeSelective = 2;  // Graph::segment_recompute
 
 struct Node {
   int id = -1;
@@ -116,6 +119,9 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<Edge> edges;
   std::vector<int> segment_shards;  // per model segment: ranks its parameters are spread over (1: not sharded)
+  // per model segment (the recompute pass): 0, kRecomputeFull (its forward keeps only its input and runs again
+  // before its backward) or kRecomputeSelective (it keeps the kept part of its stash and recomputes the rest)
+  std::vector<uint8_t> segment_recompute;
 
   int add_node(Node n);
   int add_edge(int from, int to, EdgeKind kind, TensorRef t = {}, int directive = -1);

@@ -32,6 +32,7 @@ struct Segment {
   int layer = 0;                      // the model layer annotations select it by
   std::vector<int> params;            // indices into Model::params, in the order its type expects
   double fwd_flops_per_sample = 0;    // forward FLOPs for one sequence/sample (matmuls and attention)
+  double tail_flops_per_sample = 0;   // of them, what a selective recompute's rerun of its stash's tail redoes
   int shards = 1;                     // ranks its parameters are spread over (the shard directive)
 };
 

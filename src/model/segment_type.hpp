@@ -18,6 +18,9 @@ struct SegmentSizes {
   int ragged_parts = 0, ragged_width = 0;
   size_t out_bytes = 0;        // activation handed to the next segment (0 for the loss segment)
   size_t stash_bytes = 0;      // forward → backward
+  // The part of the stash selective recompute keeps through the forward (its first bytes, model/stash_carver.hpp);
+  // SegmentType::rerun_tail recomputes the rest. 0: the type has no such split (selective keeps it all).
+  size_t stash_kept_bytes = 0;
   size_t wstash_bytes = 0;     // backward-input → backward-weight
   size_t workspace_bytes = 0;  // scratch during backward (excluding the backend scratch)
   size_t input_bytes = 0;      // activation this segment reads (0 when it reads data)
@@ -40,6 +43,7 @@ struct SegmentIO {
   const float* in = nullptr;        // activation from the previous segment; null when reading data
   float* out = nullptr;             // activation for the next segment; null for the loss segment
   void* stash = nullptr;            // forward → backward (data is loaded into its start, see DataSlot)
+  void* stash_tail = nullptr;       // selective recompute: the stash's recomputed part, apart (null: after its kept part)
   float* wstash = nullptr;          // backward-input → backward-weight
   void* link = nullptr;             // the stash of the segment SegmentType::link_offset away (same microbatch)
   float* workspace = nullptr;       // scratch, SegmentSizes::workspace_bytes
@@ -70,6 +74,9 @@ struct SegmentType {
   SegmentFn forward = nullptr;
   SegmentFn backward_input = nullptr;   // null: nothing to do (no input gradient)
   SegmentFn backward_weight = nullptr;
+  // With SegmentSizes::stash_kept_bytes: from the kept part of the stash (and the input and parameters), writes
+  // the tail exactly as the forward did. Adds to no loss or statistics.
+  SegmentFn rerun_tail = nullptr;
   // Backend scratch its backward needs, in floats (sized at run time by the backend); null: none.
   size_t (*scratch_floats)(const Kernels& k, const ModelDims& d, int samples) = nullptr;
   // The compiler's estimate of that scratch, in bytes, for `threads` compute threads.

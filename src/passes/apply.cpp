@@ -57,7 +57,7 @@ ScheduleContext schedule_context(const Graph& g, const JobSpec& spec, const std:
 }  // namespace
 
 std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
-  std::vector<Directive> splits, places, replicates, shards, orders, schedules;
+  std::vector<Directive> splits, places, replicates, shards, orders, schedules, recomputes;
   for (const auto& d : spec.directives) {
     if (d.op == "split") splits.push_back(d);
     else if (d.op == "place") places.push_back(d);
@@ -65,6 +65,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
     else if (d.op == "shard") shards.push_back(d);
     else if (d.op == "order") orders.push_back(d);
     else if (d.op == "schedule") schedules.push_back(d);
+    else if (d.op == "recompute") recomputes.push_back(d);
   }
   if (schedules.size() > 1)
     throw UserError(cat(schedules[1].describe(), ": a second schedule; ", schedules[0].describe(), " already schedules the job"));
@@ -135,6 +136,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   insert_replication(g);
   insert_tied_sync(g);
   apply_orders(g, orders);  // and the cycle check of the whole graph
+  apply_recompute(g, recomputes);
   return applied;
 }
 

@@ -1,7 +1,7 @@
 // [mesh] shorthand: pp pipeline stages (even layer split unless [[annotate]] says otherwise), dp replicas
 // per stage on ranks stage + pp·replica, a split into microbatches, replicate with the ZeRO level, expert
-// groups of ep ranks inside each stage's dp (a region per expert segment, sharded), and a schedule. Only what
-// the job does not already state is generated; generated directives say so.
+// groups of ep ranks inside each stage's dp (a region per expert segment, sharded), activation recompute and a
+// schedule. Only what the job does not already state is generated; generated directives say so.
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 
@@ -94,6 +94,11 @@ void expand_mesh(JobSpec& spec, int world) {
     d.filter.match["EP"] = TagMatch{TagMatch::Kind::Any, 0, ""};
     d.group = mesh.ep;
     d.stream = "ep";
+    added.push_back(d);
+  }
+  if (!has_op("recompute") && (mesh.recompute == "full" || mesh.recompute == "selective")) {
+    Directive d = make("recompute");
+    d.policy = mesh.recompute;
     added.push_back(d);
   }
   if (!has_op("schedule") && !mesh.schedule.empty()) {

@@ -1,6 +1,6 @@
 // The directive passes: each rewrites the global training DAG (one file per pass). apply_directives
 // runs them in DESIGN.md §3's fixed phase order: split → split-backward → place → SEND/RECV →
-// buckets → replicate → tied-parameter sync → order.
+// buckets → replicate → tied-parameter sync → order → recompute.
 #pragma once
 #include <vector>
 
@@ -25,6 +25,9 @@ void insert_tied_sync(Graph& g);
 // Every order directive, in the given order, then one cycle check of the whole graph: a cycle names the
 // first directive that closes one (or the graph, when it has one without any order).
 void apply_orders(Graph& g, const std::vector<Directive>& orders);
+// Marks the segments the recompute directives name (Graph::segment_recompute) and puts an R node before each
+// backward node of their regions; after the orders, so that R runs where its backward was scheduled.
+void apply_recompute(Graph& g, const std::vector<Directive>& recomputes);
 
 // Does region `region` use a parameter of bucket `bucket` on the bucket's device set?
 bool region_uses_bucket(const Graph& g, int region, int bucket);

@@ -98,7 +98,7 @@ class PlanCheck {
     for (size_t i = 0; i < p_.segments.size(); ++i) {
       const Segment &a = p_.segments[i], &b = built.segments[i];
       require(a.type == b.type && a.name == b.name && a.layer == b.layer && a.params == b.params &&
-                  a.fwd_flops_per_sample == b.fwd_flops_per_sample,
+                  a.fwd_flops_per_sample == b.fwd_flops_per_sample && a.tail_flops_per_sample == b.tail_flops_per_sample,
               "segment ", i, " differs from what the model's dimensions give");
       const int units = a.type->shard_units ? a.type->shard_units(d) : 1;
       require(a.shards >= 1 && units % a.shards == 0, "segment ", i, " in ", a.shards, " shards of ", units, " units");
@@ -277,7 +277,8 @@ class PlanCheck {
     index(in.segment, p_.segments.size(), "segment");
     const Segment& seg = p_.segments[size_t(in.segment)];
     const SegmentType& type = *seg.type;
-    const bool fwd = op == Op::Forward, bwd_input = op == Op::Backward || op == Op::BackwardInput;
+    const bool fwd = op == Op::Forward || op == Op::Recompute;
+    const bool bwd_input = op == Op::Backward || op == Op::BackwardInput;
     const bool bwd_weight = op == Op::BackwardWeight;
     const bool writes_grads = op == Op::Backward || bwd_weight;
     require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
@@ -304,7 +305,13 @@ class PlanCheck {
     // Sizes from the (checked) dimensions, for this instruction's samples.
     require(int64_t(in.samples) * p_.dims.rows_per_sample <= INT32_MAX, in.samples, " samples are too many rows");
     const SegmentSizes z = segment_sizes(seg, p_.dims, in.samples);
-    bytes(in.stash, z.stash_bytes, "stash");
+    if (in.stash_tail >= 0) {  // selective recompute: the kept part, and the recomputed rest apart
+      require(type.rerun_tail && z.stash_kept_bytes > 0, "a split stash for a segment type without one");
+      bytes(in.stash, z.stash_kept_bytes, "kept stash");
+      bytes(in.stash_tail, z.stash_bytes - z.stash_kept_bytes, "stash tail");
+    } else {
+      bytes(in.stash, z.stash_bytes, "stash");
+    }
     if (fwd && type.data != DataSlot::None) {
       const uint64_t n = uint64_t(in.samples);
       const uint64_t data = type.data == DataSlot::Labels     ? n * 4
@@ -318,7 +325,9 @@ class PlanCheck {
       require(known != counts_on_host_.end() && known->second >= z.ragged_parts,
               "a segment reads ragged rows whose counts no earlier exchange or counts read brings to the host");
     }
-    if (fwd && !type.computes_loss) bytes(in.out, z.out_bytes, "output");
+    const bool rerun_tail = op == Op::Recompute && in.stash_tail >= 0;  // writes the stash's tail, no output
+    if (rerun_tail) require(in.out == -1, "a rerun of a stash's tail with an output buffer");
+    else if (fwd && !type.computes_loss) bytes(in.out, z.out_bytes, "output");
     if (!fwd && !type.computes_loss) bytes(in.dout, z.out_bytes, "output gradient");
     if (bwd_input && type.reads_input) bytes(in.din, z.input_bytes, "input gradient");
     if (op == Op::BackwardInput || bwd_weight) bytes(in.wstash, z.wstash_bytes, "weight stash");

@@ -25,7 +25,7 @@ constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
 constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
 constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
 
-// Forward, Backward, BackwardInput, BackwardWeight: one segment's pass over one microbatch.
+// Forward, Backward, BackwardInput, BackwardWeight, Recompute: one segment's pass over one microbatch.
 struct ComputeArgs {
   int32_t segment = -1;
   int32_t sample_offset = 0;  // first sample of the microbatch within this replica's slice
@@ -34,13 +34,15 @@ struct ComputeArgs {
   // buffers (ids or -1): input activation, output activation, forward→backward stash, BI→BW stash,
   // output gradient, input gradient, and the stash of the segment this one's type links to
   int32_t in = -1, out = -1, stash = -1, wstash = -1, dout = -1, din = -1, link = -1;
+  int32_t stash_tail = -1;  // selective recompute: the stash's recomputed part, in a buffer of its own
   std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
   std::vector<uint8_t> overwrite;   // [i] != 0: gradient of segment param i is written, not accumulated
 
   template <typename Fn>  // fn(Operand role, buffer id) for every buffer named (ids may be -1)
   void operands(Fn&& fn) const {
     for (auto [role, b] : {std::pair{kOperandIn, in}, {kOperandOut, out}, {kOperandStash, stash},
-                           {kOperandWStash, wstash}, {kOperandDout, dout}, {kOperandDin, din}, {kOperandLink, link}})
+                           {kOperandStash, stash_tail}, {kOperandWStash, wstash}, {kOperandDout, dout},
+                           {kOperandDin, din}, {kOperandLink, link}})
       fn(role, b);
     for (int32_t b : pbuf) fn(kOperandParams, b);
     for (int32_t b : gbuf) fn(kOperandGrads, b);

@@ -8,15 +8,16 @@
 namespace piper {
 
 enum class Op : uint8_t {
-  Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch
+  Forward, Backward, BackwardInput, BackwardWeight,  // one segment, one microbatch (and Recompute below)
   Update,                                            // AdamW on a bucket's owned range
   Send, Recv,                                        // point-to-point (posted, completed later)
   AllReduce, ReduceScatter, AllGather,               // collectives on a group
   AllToAll,                                          // counted rows exchanged inside a group (sharded segments)
   StepSync,                                          // all ranks: sum of [grad norm², loss]; sets the clip scale
   ReadCounts,                                        // the counts of ragged rows, read to the host
+  Recompute,                                         // a segment's forward again, for its backward's stash
 };
-constexpr size_t kOpCount = 13;
+constexpr size_t kOpCount = 14;
 
 enum class OpKind : uint8_t {
   Compute,       // a segment's pass on one microbatch
@@ -113,6 +114,9 @@ inline constexpr OpInfo kOpTable[] = {
      "optimizer", CostRule::Latency},
     {Op::ReadCounts, "read_counts", "COUNTS", OpKind::HostRead, false, kOperandBuf, 0, SendRule::None, 0.0, "host",
      CostRule::Latency},
+    // the forward once more, its output discarded, its stash kept for the backward; adds to no loss or statistics
+    {Op::Recompute, "recompute", "R", OpKind::Compute, false, kComputeLink | kOperandIn | kOperandParams,
+     kComputeLink | kOperandOut | kOperandStash, SendRule::None, 1.0, "compute", CostRule::Flops},
 };
 
 constexpr bool op_table_in_order() {

@@ -142,6 +142,7 @@ struct InstrText {
     buf("in", a.in);
     buf("out", a.out);
     buf("stash", a.stash);
+    buf("tail", a.stash_tail);
     buf("wstash", a.wstash);
     buf("dout", a.dout);
     buf("din", a.din);

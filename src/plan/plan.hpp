@@ -13,7 +13,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 10;
+constexpr uint32_t kPlanVersion = 12;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -135,6 +135,13 @@ struct Plan {
 void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<int32_t>& writes);
 // Bytes this rank sends for `in` in a group of `group_size` ranks (its op's SendRule).
 double instr_send_bytes(const Instr& in, int group_size);
+// The forward FLOPs per sample a compute instruction's FLOP count is a multiple of (op_table.hpp): the segment's
+// forward, or for a rerun of a stash's tail (selective recompute) the part of it that rerun redoes.
+inline double instr_forward_flops(const Plan& p, const Instr& in) {
+  const ComputeArgs& c = in.compute();
+  const Segment& s = p.segments[size_t(c.segment)];
+  return in.op == Op::Recompute && c.stash_tail >= 0 ? s.tail_flops_per_sample : s.fwd_flops_per_sample;
+}
 
 // Serialization: body and job-wide part together; the binding separately so bodies are shared.
 std::vector<uint8_t> serialize_plan(const Plan& plan);

@@ -67,8 +67,8 @@ void fields(Io& io, Fields&... f) {
 }
 template <typename Io>
 void payload_fields(ComputeArgs& a, Io io) {
-  fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.wstash, a.dout, a.din, a.link, a.loss_scale,
-         a.pbuf, a.gbuf, a.overwrite);
+  fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.stash_tail, a.wstash, a.dout, a.din, a.link,
+         a.loss_scale, a.pbuf, a.gbuf, a.overwrite);
 }
 template <typename Io>
 void payload_fields(UpdateArgs& a, Io io) {
@@ -213,6 +213,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     w.put<int32_t>(s.layer);
     w.put_vector(s.params);
     w.put(s.fwd_flops_per_sample);
+    w.put(s.tail_flops_per_sample);
     w.put<int32_t>(s.shards);
   }
   w.put<int32_t>(p.world);
@@ -293,7 +294,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     ps.statistics_segment = r.get<int32_t>();
     p.params.push_back(std::move(ps));
   }
-  uint32_t ns = r.get_count(4 + 4 + 4 + 8 + 8 + 4);
+  uint32_t ns = r.get_count(4 + 4 + 4 + 8 + 8 + 8 + 4);
   for (uint32_t i = 0; i < ns; ++i) {
     Segment s;
     std::string type = r.get_string();
@@ -303,6 +304,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     s.layer = r.get<int32_t>();
     s.params = r.get_vector<int>();
     s.fwd_flops_per_sample = r.get<double>();
+    s.tail_flops_per_sample = r.get<double>();
     s.shards = r.get<int32_t>();
     p.segments.push_back(std::move(s));
   }

@@ -351,6 +351,7 @@ void Executor::execute(Stream& s, int32_t i) {
     case Op::Backward:
     case Op::BackwardInput:
     case Op::BackwardWeight:
+    case Op::Recompute:
       run_compute(in.op, in.compute());
       break;
     case Op::Update: run_update(in.update()); break;
@@ -470,12 +471,15 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   io.in = in.in >= 0 ? store_.f(in.in) : nullptr;
   io.out = in.out >= 0 ? store_.f(in.out) : nullptr;
   io.stash = store_.acquire(in.stash);
+  if (in.stash_tail >= 0) io.stash_tail = store_.acquire(in.stash_tail);
   if (in.link >= 0) io.link = store_.acquire(in.link);
   io.dout = in.dout >= 0 ? store_.f(in.dout) : nullptr;
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   if (in.in >= 0 && !host_counts_[size_t(in.in)].empty()) io.counts = host_counts_[size_t(in.in)].data();
-  io.loss_sum = scalars_ + kLossAt;
-  io.balance_loss = scalars_ + kBalanceAt;
+  // a recomputed forward adds its loss and balance loss where nothing reads them, and no routing statistics
+  const bool rerun = op == Op::Recompute;
+  io.loss_sum = scalars_ + (rerun ? kSinkAt : kLossAt);
+  io.balance_loss = scalars_ + (rerun ? kSinkAt : kBalanceAt);
   if (op == Op::Forward && routing_offset_[size_t(in.segment)] >= 0)
     io.routing = scalars_ + kRoutingAt + routing_offset_[size_t(in.segment)];
   io.loss_scale = in.loss_scale;
@@ -485,6 +489,14 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   k_.begin_region(seg.name.c_str());
   switch (op) {
     case Op::Forward:
+      if (seg.type->data != DataSlot::None) load_data(in, io.stash);
+      segment_forward(k_, seg, d, io);
+      break;
+    case Op::Recompute:  // the whole forward again, or (a split stash) only the part selective recompute dropped
+      if (in.stash_tail >= 0) {
+        seg.type->rerun_tail(k_, seg, d, io);
+        break;
+      }
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
       break;

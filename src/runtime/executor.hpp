@@ -135,11 +135,11 @@ class Executor {
   std::vector<int32_t> param_slot_;            // model param → plan param
   std::vector<Stream> streams_;
   std::unique_ptr<std::atomic<int64_t>[]> done_;
-  // device: the step's sums, read by the step sync — loss, gradient sum of squares, balance losses, then every
-  // routing segment's statistics block (kRoutingAt + routing_offset_)
+  // device: the step's sums, read by the step sync — loss, gradient sum of squares, balance losses, a sink for
+  // what recomputed forwards add, then every routing segment's statistics block (kRoutingAt + routing_offset_)
   double* scalars_ = nullptr;
   size_t scalar_count_ = 0;
-  static constexpr size_t kLossAt = 0, kNormAt = 1, kBalanceAt = 2, kRoutingAt = 3;
+  static constexpr size_t kLossAt = 0, kNormAt = 1, kBalanceAt = 2, kSinkAt = 3, kRoutingAt = 4;
   std::vector<double> device_sums_;  // host copy of scalars_ at the step sync
   // per buffer: the part counts of ragged rows as an exchange or a counts read brought them to the host (empty for
   // other buffers); sized at construction, written by the instruction, read by the segments after it

@@ -30,9 +30,15 @@ def check_fit_memory(d, cfg):
     fit = dry_run_json(cfg, "--world", "4", "--fit-memory", str(limit), timeout=120)["fit_memory"]
     if fit["batch_per_sequence"] != 8 or fit["limit_bytes"] != limit or not fit["replicated"]:
         fail(f"--fit-memory does not say how data.batch follows (4 microbatches x 2 replicas): {fit}")
-    rows = fit["rows"]
-    if [r["zero"] for r in rows] != [0, 1, 2, 3]:
-        fail(f"--fit-memory should give one row per ZeRO level 0-3: {rows}")
+    every = fit["rows"]
+    policies = ("none", "selective", "full")
+    if [(r["zero"], r["recompute"]) for r in every] != [(z, p) for z in range(4) for p in policies]:
+        fail(f"--fit-memory should give one row per ZeRO level 0-3 and recompute policy {policies}: {every}")
+    rows = [r for r in every if r["recompute"] == "none"]  # the job as given: it has no recompute directive
+    for none, sel, full in zip(*([r for r in every if r["recompute"] == p] for p in policies)):
+        if not (full["sequences"] >= sel["sequences"] >= none["sequences"]
+                and none["extra_flops"] == 0 < sel["extra_flops"] < full["extra_flops"] < 0.34):
+            fail(f"--fit-memory: more recompute should fit at least as much, for more FLOPs: {none}, {sel}, {full}")
     for r in rows:
         zero, seqs, why = r["zero"], r["sequences"], r["limited_by"]
         if (seqs < 2 or r["data_batch"] != 8 * seqs or r["error"] is not None or r["capped"] or why is None
@@ -50,8 +56,9 @@ def check_fit_memory(d, cfg):
                        capture_output=True, text=True, timeout=120)
     text_rows = [l.split() for l in p.stdout.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"], ["3"]) and "rank" in l]
     if (p.returncode != 0 or "data.batch = sequences per microbatch x 8" not in p.stdout
-            or [(int(t[0]), int(t[1])) for t in text_rows] != [(r["zero"], r["sequences"]) for r in rows]):
-        fail(f"--fit-memory as text ({p.returncode}) does not show the rows of --json {rows}:\n{p.stdout}\n{p.stderr}")
+            or [(int(t[0]), t[1], int(t[2])) for t in text_rows] != [(r["zero"], r["recompute"], r["sequences"])
+                                                                     for r in every]):
+        fail(f"--fit-memory as text ({p.returncode}) does not show the rows of --json {every}:\n{p.stdout}\n{p.stderr}")
     print("ok  --fit-memory as text: the same rows in a table")
     for size, why in (("80 parsecs", "is not a memory size"), ("-1GiB", "is not a memory size")):
         p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--fit-memory", size], capture_output=True, text=True,
@@ -165,6 +172,13 @@ def main():
     print("ok  --json without --dry-run, --report-json with it, or where no file can be made: exit 2, nothing run")
 
     check_fit_memory(d, cfg)
+    # recompute lets a larger microbatch fit where activations bound it
+    rows = dry_run_json("configs/qwen3-1b-pp8-dp2.toml", "--world", "16", "--fit-memory", "80GiB")["fit_memory"]["rows"]
+    by = {(r["zero"], r["recompute"]): r["sequences"] for r in rows}
+    if not all(by[(z, "full")] > by[(z, "selective")] > by[(z, "none")] > 0 for z in range(4)):
+        fail(f"--fit-memory 80GiB on configs/qwen3-1b-pp8-dp2.toml: recompute should fit more sequences: {by}")
+    print(f"ok  --fit-memory 80GiB, qwen3-1b-pp8-dp2: {by[(0, 'none')]} sequences per microbatch without recompute, "
+          f"{by[(0, 'selective')]} with selective, {by[(0, 'full')]} with full")
 
     for flag, needle in (("--help", "--config"), ("--version", "piper ")):
         p = subprocess.run([PIPER, flag], capture_output=True, text=True, timeout=30)

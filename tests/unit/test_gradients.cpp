@@ -36,13 +36,15 @@ struct Net {
   std::vector<SegmentSizes> sizes;
   std::vector<Guarded> act, dact, stash, wstash, fused;  // by segment
   std::vector<std::vector<int32_t>> counts;              // by segment: its ragged input's counts, on the host
+  std::vector<Guarded> tail;  // by segment: with split_stash, the part of its stash selective recompute redoes
+  bool split_stash = false;
   Guarded workspace, scratch;
 
   Net(const ModelSpec& spec, int samples_, uint64_t seed) : model(build_model(spec)), samples(samples_) {
     const ModelDims& d = model.dims;
     Rand rng(seed);
     const size_t S = model.segments.size();
-    act.resize(S), dact.resize(S), stash.resize(S), wstash.resize(S), fused.resize(S), counts.resize(S);
+    act.resize(S), dact.resize(S), stash.resize(S), wstash.resize(S), fused.resize(S), counts.resize(S), tail.resize(S);
     size_t max_workspace = 0;
     for (size_t s = 0; s < S; ++s) {
       SegmentSizes z = segment_sizes(model.segments[s], d, samples);
@@ -50,6 +52,7 @@ struct Net {
       act[s].resize(z.out_bytes);
       dact[s].resize(z.out_bytes);
       stash[s].resize(z.stash_bytes);
+      tail[s].resize(z.stash_bytes - z.stash_kept_bytes);
       wstash[s].resize(z.wstash_bytes);
       fused[s].resize(z.workspace_bytes);
       max_workspace = std::max(max_workspace, z.workspace_bytes);
@@ -88,7 +91,8 @@ struct Net {
 
   bool buffers_intact() const {
     for (size_t s = 0; s < act.size(); ++s)
-      if (!act[s].intact() || !dact[s].intact() || !stash[s].intact() || !wstash[s].intact() || !fused[s].intact())
+      if (!act[s].intact() || !dact[s].intact() || !stash[s].intact() || !wstash[s].intact() || !fused[s].intact() ||
+          !tail[s].intact())
         return false;
     return workspace.intact() && scratch.intact();
   }
@@ -119,6 +123,7 @@ struct Net {
     io.dout = sizes[s].out_bytes > 0 ? dact[s].data() : nullptr;
     io.stash = stash[s].data();
     if (!counts[s].empty()) io.counts = counts[s].data();
+    if (split_stash && sizes[s].stash_kept_bytes > 0) io.stash_tail = tail[s].data();
     if (seg.type->link_offset != 0) io.link = stash[size_t(int(s) + seg.type->link_offset)].data();
     io.scratch = scratch.data();
     io.loss_scale = loss_scale;
@@ -210,6 +215,24 @@ struct Net {
       segment_backward_weight(k, seg, d, io);
     }
     return grads;
+  }
+
+  // Selective recompute at the segment level: every split stash's tail poisoned, then rerun from the kept part.
+  int rerun_tails(Kernels& k) {
+    int reran = 0;
+    std::vector<const float*> w;
+    for (size_t s = 0; s < model.segments.size(); ++s) {
+      const Segment& seg = model.segments[s];
+      if (!split_stash || sizes[s].stash_kept_bytes == 0 || !seg.type->rerun_tail) continue;
+      float* t = reinterpret_cast<float*>(tail[s].data());
+      std::fill(t, t + tail[s].size() / sizeof(float), std::numeric_limits<float>::quiet_NaN());
+      SegmentIO io = io_for(s, w);
+      double sink = 0;
+      io.loss_sum = io.balance_loss = &sink;
+      seg.type->rerun_tail(k, seg, model.dims, io);
+      ++reran;
+    }
+    return reran;
   }
 
   // The loss in double precision, from the same parameters and data, with the textbook math.
@@ -568,5 +591,33 @@ TEST_CASE("Qwen3 MoE: no segment copies between device and host, routing include
     double host = 0;
     k.download(&host, net.params[0].data(), sizeof(float));
     CHECK(k.take(0, 1).by_kernel.at("download").downloads == 1);
+  }
+}
+
+TEST_CASE("selective recompute: each split stash's tail, rerun from the kept part, gives the same gradients to the bit",
+          "[layers][recompute]") {
+  struct Case {
+    const char* what;
+    ModelSpec spec;
+  };
+  for (const Case& c : {Case{"GPT-2", small_gpt()}, Case{"Qwen3", small_qwen3(false, true)},
+                        Case{"Qwen3 without qk_norm", small_qwen3(true, false)},
+                        Case{"Qwen3-MoE with capacity", small_qwen3_moe(1, 0.7, true)}}) {
+    INFO(c.what);
+    CpuKernels k(2);
+    Net plain(c.spec, 2, 111), split(c.spec, 2, 111);
+    plain.randomize(112, 0.3);
+    split.randomize(112, 0.3);
+    split.split_stash = true;
+    const double loss = plain.forward(k);
+    const auto want = plain.backward(k, true);
+    CHECK(split.forward(k) == loss);
+    CHECK(split.rerun_tails(k) > 0);
+    const auto got = split.backward(k, true);
+    for (size_t p = 0; p < want.size(); ++p) {
+      INFO("parameter " << split.model.params[p].name);
+      CHECK(got[p] == want[p]);
+    }
+    CHECK(split.buffers_intact());
   }
 }

@@ -60,6 +60,7 @@ Model build(const ModelSpec& s) {
     double matmul = 2.0 * T * (4.0 * C * C + 2.0 * C * F);
     double attention = 2.0 * 2.0 * C * (T * (T + 1) / 2.0);
     blk.fwd_flops_per_sample = matmul + attention;
+    blk.tail_flops_per_sample = attention;  // selective recompute redoes the attention, not the products
     m.segments.push_back(blk);
   }
 

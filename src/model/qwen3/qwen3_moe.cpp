@@ -9,6 +9,7 @@
 
 #include "backend/ragged_rows.hpp"
 #include "model/qwen3/qwen3_segments.hpp"
+#include "model/stash_carver.hpp"
 #include "util/error.hpp"
 
 namespace piper::qwen3 {
@@ -33,19 +34,6 @@ struct MoeShape {
   }
 };
 
-// Carves consecutive 4-byte ranges (floats or int32) out of one buffer.
-struct Carver {
-  char* base;
-  size_t at = 0;
-  explicit Carver(void* p) : base(static_cast<char*>(p)) {}
-  template <typename T>
-  T* take(int64_t count) {
-    T* p = base ? reinterpret_cast<T*>(base + at) : nullptr;
-    at += size_t(count) * 4;
-    return p;
-  }
-};
-
 // The dispatch stash, shared with the combine (its link): forward → backward state of the routing, the
 // input kept for the residual, and the slots the combine's backward fills for the dispatch's.
 struct DispatchStash {
@@ -53,22 +41,22 @@ struct DispatchStash {
   int32_t *selected, *position, *token, *counts;
   size_t bytes;
   DispatchStash(void* p, const MoeShape& s) {
-    Carver c(p);
-    x = c.take<float>(int64_t(s.n) * s.C);             // input, for the combine's residual (n,C)
-    h = c.take<float>(int64_t(s.n) * s.C);             // normed input (n,C)
-    rstd = c.take<float>(s.n);                          // (n)
-    probs = c.take<float>(int64_t(s.n) * s.E);          // (n,E); the router logits until routed
-    selected = c.take<int32_t>(int64_t(s.n) * s.K);     // (n,K)
-    weight = c.take<float>(int64_t(s.n) * s.K);         // (n,K)
-    position = c.take<int32_t>(int64_t(s.n) * s.K);     // (n,K), -1 dropped
-    token = c.take<int32_t>(s.A);                       // (A) token of each kept assignment, expert-ordered; -1 after
-    token_weight = c.take<float>(s.A);                  // (A)
-    counts = c.take<int32_t>(s.E);                      // (E) kept assignments per expert
-    fraction = c.take<float>(int64_t(s.b) * s.E);       // (b,E)
-    dweight = c.take<float>(int64_t(s.n) * s.K);        // from the combine's backward: d combine weights (n,K)
-    dresidual = c.take<float>(int64_t(s.n) * s.C);      // from the combine's backward: d output (n,C)
-    dshared = c.take<float>(s.S > 0 ? int64_t(s.n) * s.C : 0);  // from it too: d normed input, shared path (n,C)
-    bytes = c.at;
+    StashCarver c(p);
+    x = c.keep<float>(int64_t(s.n) * s.C);             // input, for the combine's residual (n,C)
+    h = c.keep<float>(int64_t(s.n) * s.C);             // normed input (n,C)
+    rstd = c.keep<float>(s.n);                          // (n)
+    probs = c.keep<float>(int64_t(s.n) * s.E);          // (n,E); the router logits until routed
+    selected = c.keep<int32_t>(int64_t(s.n) * s.K);     // (n,K)
+    weight = c.keep<float>(int64_t(s.n) * s.K);         // (n,K)
+    position = c.keep<int32_t>(int64_t(s.n) * s.K);     // (n,K), -1 dropped
+    token = c.keep<int32_t>(s.A);                       // (A) token of each kept assignment, expert-ordered; -1 after
+    token_weight = c.keep<float>(s.A);                  // (A)
+    counts = c.keep<int32_t>(s.E);                      // (E) kept assignments per expert
+    fraction = c.keep<float>(int64_t(s.b) * s.E);       // (b,E)
+    dweight = c.keep<float>(int64_t(s.n) * s.K);        // from the combine's backward: d combine weights (n,K)
+    dresidual = c.keep<float>(int64_t(s.n) * s.C);      // from the combine's backward: d output (n,C)
+    dshared = c.keep<float>(s.S > 0 ? int64_t(s.n) * s.C : 0);  // from it too: d normed input, shared path (n,C)
+    bytes = c.bytes();
   }
 };
 
@@ -76,10 +64,10 @@ struct DispatchWStash {
   float *dlogits, *dh;
   size_t bytes;
   DispatchWStash(void* p, const MoeShape& s) {
-    Carver c(p);
-    dlogits = c.take<float>(int64_t(s.n) * s.E);  // (n,E)
-    dh = c.take<float>(int64_t(s.n) * s.C);       // d normed input (n,C)
-    bytes = c.at;
+    StashCarver c(p);
+    dlogits = c.keep<float>(int64_t(s.n) * s.E);  // (n,E)
+    dh = c.keep<float>(int64_t(s.n) * s.C);       // d normed input (n,C)
+    bytes = c.bytes();
   }
 };
 
@@ -153,17 +141,21 @@ struct ExpertsShape : MoeShape {
 };
 
 // A SwiGLU over (rows, width) — the routed experts' rows, or every token through the shared experts:
-// forward → backward, the gate and up projections and silu(g)·u (rows,width) each.
+// forward → backward, the gate and up projections (kept by selective recompute) and silu(g)·u (recomputed),
+// (rows,width) each.
 struct SwigluStash {
   float *g, *u, *a;
-  size_t bytes;
-  SwigluStash(void* p, int64_t rows, int width) {
-    Carver c(p);
-    g = c.take<float>(rows * width);
-    u = c.take<float>(rows * width);
-    a = c.take<float>(rows * width);
-    bytes = c.at;
+  size_t bytes, kept_bytes;
+  SwigluStash(StashParts p, int64_t rows, int width) {
+    StashCarver c(p);
+    g = c.keep<float>(rows * width);
+    u = c.keep<float>(rows * width);
+    c.tail(a, rows * width);
+    c.finish();
+    bytes = c.bytes();
+    kept_bytes = c.kept_bytes;
   }
+  SwigluStash(void* p, int64_t rows, int width) : SwigluStash(StashParts::of(p), rows, width) {}
 };
 
 // Its backward input → backward weight: d g and d u (rows,width) each.
@@ -171,10 +163,10 @@ struct SwigluWStash {
   float *dg, *du;
   size_t bytes;
   SwigluWStash(void* p, int64_t rows, int width) {
-    Carver c(p);
-    dg = c.take<float>(rows * width);
-    du = c.take<float>(rows * width);
-    bytes = c.at;
+    StashCarver c(p);
+    dg = c.keep<float>(rows * width);
+    du = c.keep<float>(rows * width);
+    bytes = c.bytes();
   }
 };
 
@@ -201,7 +193,9 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
   ExpertsShape s(d, samples, std::max(1, seg.shards));
   SegmentSizes z;
   z.input_bytes = z.out_bytes = RaggedRows::bytes(s.parts, s.rows, s.C);
-  z.stash_bytes = SwigluStash(nullptr, s.rows, s.DE).bytes;
+  const SwigluStash st(StashParts{}, s.rows, s.DE);
+  z.stash_bytes = st.bytes;
+  z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = SwigluWStash(nullptr, s.rows, s.DE).bytes;
   z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f;  // + d(silu(g)·u)
   z.ragged_parts = s.parts;
@@ -213,7 +207,7 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
 // SwiGLU and its backward run once over all rows, which the parts fill contiguously from row 0.
 void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(io.stash, s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE);
   RaggedRows in(io.in, s.parts), out(io.out, s.parts);
   k.copy(out.counts, in.counts, size_t(s.parts) * i32);
   std::vector<LinearGroup> gate_up, down;
@@ -232,9 +226,18 @@ void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   k.linear_forward_grouped(down.data(), int(down.size()));  // (count,C) per part
 }
 
+// silu(g)·u over the rows received, from the kept projections: what selective recompute redoes.
+void experts_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  ExpertsShape s(d, io.samples, io.shards);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE);
+  int rows = 0;
+  for (const Part& p : parts_of(s, io)) rows = p.first + p.count;
+  k.swiglu_forward(st.a, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
+}
+
 void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(io.stash, s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE);
   SwigluWStash ws(io.wstash, s.rows, s.DE);
   float* da = io.workspace;  // (rows,DE)
   RaggedRows dy(io.dout, s.parts), dx(io.din, s.parts);
@@ -257,7 +260,7 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
 
 void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(io.stash, s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE);
   SwigluWStash ws(io.wstash, s.rows, s.DE);
   RaggedRows in(io.in, s.parts), dy(io.dout, s.parts);
   std::vector<bool> written(size_t(s.E), false);  // this call has written expert e's gradients
@@ -368,6 +371,7 @@ const SegmentType& moe_dispatch_type() {
 const SegmentType& moe_experts_type() {
   static const SegmentType t{.name = "qwen3.moe_experts", .sizes = experts_sizes, .forward = experts_forward,
                              .backward_input = experts_backward_input, .backward_weight = experts_backward_weight,
+                             .rerun_tail = experts_rerun_tail,
                              .shard_units = [](const ModelDims& d) { return d.moe_experts; }};
   return t;
 }

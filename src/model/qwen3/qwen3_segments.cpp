@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "model/stash_carver.hpp"
+
 namespace piper::qwen3 {
 
 namespace {
@@ -20,7 +22,7 @@ struct Shape {
         eps(float(d.norm_eps)), theta(float(d.rope_theta)), qk_norm(d.qk_norm) {}
 };
 
-// Carves consecutive float ranges out of one buffer.
+// Carves consecutive float ranges out of one buffer (a backward's wstash).
 struct Carver {
   float* base;
   size_t at = 0;
@@ -54,24 +56,32 @@ void embed_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const
 
 // ---------------------------------------------------------------- attention half: x + o(attn(norm x))
 // Forward → backward: the normed input, q and k before their norms (with qk_norm), q and k after norm and
-// RoPE, v, the attention output and the log-sum-exp of each query row.
+// RoPE, v, the attention output and the log-sum-exp of each query row. Selective recompute keeps the products
+// (projections, attention output) and recomputes the normed input and, with qk_norm, q and k from q_pre, k_pre.
 struct AttentionStash {
   float *h, *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *q, *k, *v, *y, *lse;
-  size_t floats;
-  AttentionStash(void* p, const Shape& s) {
-    Carver c(p);
-    h = c.take(int64_t(s.n) * s.C);               // (n,C)
-    rstd = c.take(s.n);                           // (n)
-    q_pre = s.qk_norm ? c.take(int64_t(s.n) * s.QD) : nullptr;  // (n,H,D)
-    q_rstd = s.qk_norm ? c.take(int64_t(s.n) * s.H) : nullptr;  // (n,H)
-    k_pre = s.qk_norm ? c.take(int64_t(s.n) * s.KD) : nullptr;  // (n,KV,D)
-    k_rstd = s.qk_norm ? c.take(int64_t(s.n) * s.KV) : nullptr; // (n,KV)
-    q = c.take(int64_t(s.n) * s.QD);              // (b,T,H,D)
-    k = c.take(int64_t(s.n) * s.KD);              // (b,T,KV,D)
-    v = c.take(int64_t(s.n) * s.KD);              // (b,T,KV,D)
-    y = c.take(int64_t(s.n) * s.QD);              // (b,T,H,D)
-    lse = c.take(int64_t(s.b) * s.H * s.T);       // (b,H,T)
-    floats = c.at;
+  size_t bytes, kept_bytes;
+  AttentionStash(StashParts p, const Shape& s) {
+    StashCarver c(p);
+    rstd = c.keep<float>(s.n);                                          // (n)
+    q_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.QD) : nullptr;  // (n,H,D)
+    q_rstd = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.H) : nullptr;  // (n,H)
+    k_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KD) : nullptr;  // (n,KV,D)
+    k_rstd = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KV) : nullptr; // (n,KV)
+    v = c.keep<float>(int64_t(s.n) * s.KD);                             // (b,T,KV,D)
+    y = c.keep<float>(int64_t(s.n) * s.QD);                             // (b,T,H,D)
+    lse = c.keep<float>(int64_t(s.b) * s.H * s.T);                      // (b,H,T)
+    c.tail(h, int64_t(s.n) * s.C);                                      // (n,C)
+    if (s.qk_norm) {  // norm and RoPE of the kept projections
+      c.tail(q, int64_t(s.n) * s.QD);                                   // (b,T,H,D)
+      c.tail(k, int64_t(s.n) * s.KD);                                   // (b,T,KV,D)
+    } else {          // the projections themselves, after RoPE
+      q = c.keep<float>(int64_t(s.n) * s.QD);
+      k = c.keep<float>(int64_t(s.n) * s.KD);
+    }
+    c.finish();
+    bytes = c.bytes();
+    kept_bytes = c.kept_bytes;
   }
 };
 
@@ -96,29 +106,47 @@ SegmentSizes attention_sizes(const Segment&, const ModelDims& d, int samples) {
   Shape s(d, samples);
   SegmentSizes z;
   z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
-  z.stash_bytes = AttentionStash(nullptr, s).floats * f;
+  const AttentionStash st(StashParts{}, s);
+  z.stash_bytes = st.bytes;
+  z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
   z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.QD * f;  // fused backward: wstash + d(attention output)
   return z;
 }
 
+// The normed input, and with qk_norm q and k from their projections: the forward's cheap part, again.
+void attention_norms(Kernels& k, const Shape& s, const AttentionStash& st, const SegmentIO& io) {
+  const float* const* w = io.w;
+  if (!s.qk_norm) return;
+  k.rmsnorm_forward(st.q, st.q_rstd, st.q_pre, w[kQNorm], s.n * s.H, s.D, s.eps);    // per head (n·H,D)
+  k.rmsnorm_forward(st.k, st.k_rstd, st.k_pre, w[kKNorm], s.n * s.KV, s.D, s.eps);   // (n·KV,D)
+  k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
+  k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
+}
+
+void attention_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  AttentionStash st(StashParts::of(io), s);
+  k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kInputNorm], s.n, s.C, s.eps);  // (n,C)
+  attention_norms(k, s, st, io);
+}
+
 void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  AttentionStash st(io.stash, s);
+  AttentionStash st(StashParts::of(io), s);
   const float* const* w = io.w;
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kInputNorm], s.n, s.C, s.eps);           // (n,C)
   if (s.qk_norm) {
     k.linear_forward(st.q_pre, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);              // (n,QD)
     k.linear_forward(st.k_pre, st.h, w[kKProj], nullptr, s.n, s.C, s.KD);              // (n,KD)
-    k.rmsnorm_forward(st.q, st.q_rstd, st.q_pre, w[kQNorm], s.n * s.H, s.D, s.eps);    // per head (n·H,D)
-    k.rmsnorm_forward(st.k, st.k_rstd, st.k_pre, w[kKNorm], s.n * s.KV, s.D, s.eps);   // (n·KV,D)
+    attention_norms(k, s, st, io);                                                     // q, k normed and rotated
   } else {
     k.linear_forward(st.q, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);
     k.linear_forward(st.k, st.h, w[kKProj], nullptr, s.n, s.C, s.KD);
+    k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
+    k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
   }
   k.linear_forward(st.v, st.h, w[kVProj], nullptr, s.n, s.C, s.KD);                   // (n,KD)
-  k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
-  k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
   k.gqa_attention_forward(st.y, st.lse, st.q, st.k, st.v, s.b, s.T, s.H, s.KV, s.D);  // (b,T,H,D)
   k.linear_forward(io.out, st.y, w[kOProj], nullptr, s.n, s.QD, s.C);                 // (n,C)
   k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                     // residual
@@ -126,7 +154,7 @@ void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
 
 void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  AttentionStash st(io.stash, s);
+  AttentionStash st(StashParts::of(io), s);
   AttentionWStash ws(io.wstash, s);
   const float* const* w = io.w;
   float* dy = io.workspace;  // d(attention output) (n,QD)
@@ -148,7 +176,7 @@ void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, co
 
 void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  AttentionStash st(io.stash, s);
+  AttentionStash st(StashParts::of(io), s);
   AttentionWStash ws(io.wstash, s);
   float* const* g = io.g;
   k.linear_backward_weight(g[kOProj], nullptr, io.dout, st.y, s.n, s.QD, s.C, io.accumulate(kOProj));
@@ -174,17 +202,20 @@ uint64_t attention_scratch_estimate(const ModelDims& d, int samples, int threads
 }
 
 // ---------------------------------------------------------------- MLP half: x + down(silu(gate h) · up h)
+// Selective recompute keeps the projections and recomputes the normed input and silu(g)·u.
 struct MlpStash {
   float *h, *rstd, *g, *u, *a;
-  size_t floats;
-  MlpStash(void* p, const Shape& s) {
-    Carver c(p);
-    h = c.take(int64_t(s.n) * s.C);  // normed input (n,C)
-    rstd = c.take(s.n);              // (n)
-    g = c.take(int64_t(s.n) * s.F);  // gate projection (n,F)
-    u = c.take(int64_t(s.n) * s.F);  // up projection (n,F)
-    a = c.take(int64_t(s.n) * s.F);  // silu(g)·u (n,F)
-    floats = c.at;
+  size_t bytes, kept_bytes;
+  MlpStash(StashParts p, const Shape& s) {
+    StashCarver c(p);
+    rstd = c.keep<float>(s.n);              // (n)
+    g = c.keep<float>(int64_t(s.n) * s.F);  // gate projection (n,F)
+    u = c.keep<float>(int64_t(s.n) * s.F);  // up projection (n,F)
+    c.tail(h, int64_t(s.n) * s.C);          // normed input (n,C)
+    c.tail(a, int64_t(s.n) * s.F);          // silu(g)·u (n,F)
+    c.finish();
+    bytes = c.bytes();
+    kept_bytes = c.kept_bytes;
   }
 };
 
@@ -204,15 +235,24 @@ SegmentSizes mlp_sizes(const Segment&, const ModelDims& d, int samples) {
   Shape s(d, samples);
   SegmentSizes z;
   z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
-  z.stash_bytes = MlpStash(nullptr, s).floats * f;
+  const MlpStash st(StashParts{}, s);
+  z.stash_bytes = st.bytes;
+  z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
   z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.F * f;  // fused backward: wstash + d(silu(g)·u)
   return z;
 }
 
+void mlp_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  MlpStash st(StashParts::of(io), s);
+  k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
+  k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.F);                               // (n,F)
+}
+
 void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  MlpStash st(io.stash, s);
+  MlpStash st(StashParts::of(io), s);
   const float* const* w = io.w;
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
   k.linear_forward(st.g, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);               // (n,F)
@@ -224,7 +264,7 @@ void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO
 
 void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  MlpStash st(io.stash, s);
+  MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   const float* const* w = io.w;
   float* da = io.workspace;  // d(silu(g)·u) (n,F)
@@ -238,7 +278,7 @@ void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const Se
 
 void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  MlpStash st(io.stash, s);
+  MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   float* const* g = io.g;
   k.linear_backward_weight(g[kDownProj], nullptr, io.dout, st.a, s.n, s.F, s.C, io.accumulate(kDownProj));
@@ -306,7 +346,7 @@ const SegmentType& embed_type() {
 const SegmentType& attention_type() {
   static const SegmentType t{.name = "qwen3.attention", .sizes = attention_sizes, .forward = attention_forward,
                              .backward_input = attention_backward_input,
-                             .backward_weight = attention_backward_weight,
+                             .backward_weight = attention_backward_weight, .rerun_tail = attention_rerun_tail,
                              .scratch_floats = attention_scratch_floats,
                              .scratch_estimate = attention_scratch_estimate};
   return t;
@@ -314,7 +354,8 @@ const SegmentType& attention_type() {
 
 const SegmentType& mlp_type() {
   static const SegmentType t{.name = "qwen3.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
-                             .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight};
+                             .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight,
+                             .rerun_tail = mlp_rerun_tail};
   return t;
 }
 
