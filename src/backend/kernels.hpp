@@ -137,6 +137,20 @@ class Kernels {
   virtual void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
                                      float scale) = 0;
 
+  // ---- vocabulary-parallel cross-entropy: each of `ranks` ranks holds logits(N,Vl) of vocabulary [v0, v0 + Vl) ----
+  // stats(N,3), per row of this rank's shard: its largest logit m, Σ exp(logit − m), and the target's logit where
+  // the target is in the shard (else 0). The ranks then gather every rank's stats (an all-gather).
+  virtual void vocab_xent_stats(float* stats, const float* logits, const int32_t* targets, int N, int Vl, int v0) = 0;
+  // From all(ranks,N,3), every rank's stats: M = max_r m_r, S = Σ_r s_r · exp(m_r − M); probs(N,Vl) = exp(logit − M)
+  // / S, the shard's part of the softmax over the whole vocabulary (probs may alias logits); *loss_sum += scale ·
+  // Σ_rows (log S + M − target logit). Every rank adds the whole loss. With one rank: softmax_xent_forward.
+  virtual void vocab_xent_finish(float* probs, double* loss_sum, const float* logits, const float* all,
+                                 const int32_t* targets, int N, int Vl, int ranks, float scale) = 0;
+  // dlogits(N,Vl) = scale · (probs − onehot(target − v0)), the one-hot only where the target is in the shard;
+  // dlogits may alias probs.
+  virtual void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
+                                   float scale) = 0;
+
   // y(n) = a + b
   virtual void add(float* y, const float* a, const float* b, size_t n) = 0;
   // y(n) += x

@@ -186,6 +186,18 @@ void ProfilingKernels::softmax_xent_forward(float* probs, double* loss_sum, cons
                                             const int32_t* targets, int N, int V, float scale) {
   timed("softmax_xent_forward", [&] { k_.softmax_xent_forward(probs, loss_sum, logits, targets, N, V, scale); });
 }
+void ProfilingKernels::vocab_xent_stats(float* stats, const float* logits, const int32_t* targets, int N, int Vl,
+                                        int v0) {
+  timed("vocab_xent_stats", [&] { k_.vocab_xent_stats(stats, logits, targets, N, Vl, v0); });
+}
+void ProfilingKernels::vocab_xent_finish(float* probs, double* loss_sum, const float* logits, const float* all,
+                                         const int32_t* targets, int N, int Vl, int ranks, float scale) {
+  timed("vocab_xent_finish", [&] { k_.vocab_xent_finish(probs, loss_sum, logits, all, targets, N, Vl, ranks, scale); });
+}
+void ProfilingKernels::vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl,
+                                           int v0, float scale) {
+  timed("vocab_xent_backward", [&] { k_.vocab_xent_backward(dlogits, probs, targets, N, Vl, v0, scale); });
+}
 void ProfilingKernels::softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
                                              float scale) {
   timed("softmax_xent_backward", [&] { k_.softmax_xent_backward(dlogits, probs, targets, N, V, scale); });

@@ -86,6 +86,11 @@ class ProfilingKernels : public Kernels {
                             float scale) override;
   void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
                              float scale) override;
+  void vocab_xent_stats(float* stats, const float* logits, const int32_t* targets, int N, int Vl, int v0) override;
+  void vocab_xent_finish(float* probs, double* loss_sum, const float* logits, const float* all, const int32_t* targets,
+                         int N, int Vl, int ranks, float scale) override;
+  void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
+                           float scale) override;
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;

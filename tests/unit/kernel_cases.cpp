@@ -72,6 +72,7 @@ const std::vector<KernelCase>& kernel_cases() {
     add_qwen3_cases(c);
     add_moe_cases(c);
     add_moe_routing_cases(c);
+    add_tensor_parallel_cases(c);
     add_elementwise_cases(c);
     return c;
   }();

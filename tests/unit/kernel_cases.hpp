@@ -17,6 +17,7 @@ void add_gpt2_cases(std::vector<KernelCase>& cases);         // linear, GELU, la
 void add_qwen3_cases(std::vector<KernelCase>& cases);        // RMSNorm, RoPE, SwiGLU, token embedding, GQA
 void add_moe_cases(std::vector<KernelCase>& cases);          // grouped linear, gather, combine, rows_dot
 void add_moe_routing_cases(std::vector<KernelCase>& cases);  // router, capacity and order, balance loss, backward
+void add_tensor_parallel_cases(std::vector<KernelCase>& cases);  // vocabulary-parallel cross-entropy
 void add_elementwise_cases(std::vector<KernelCase>& cases);  // add, fill, copy, sum of squares, AdamW
 
 // "N=70 C=96"

@@ -1,9 +1,10 @@
-// Mixture-of-experts routing written plainly on the host (see moe_routing_reference.hpp), one token and one
-// sequence at a time.
+// Mixture-of-experts routing written plainly in double precision (see moe_routing_reference.hpp): each token's
+// experts by sorting, then each expert's kept assignments sequence by sequence.
 #include "moe_routing_reference.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace piper::moe {
 
@@ -18,108 +19,36 @@ Routing route(const RouterShape& s, const float* logits, const float* bias) {
   r.probs.resize(size_t(n) * E);
   r.selected.resize(size_t(n) * K);
   r.weight.resize(size_t(n) * K);
-  r.position.assign(size_t(n) * K, -1);
+  std::vector<double> p(static_cast<size_t>(E));
+  std::vector<int> order(static_cast<size_t>(E));
   for (int t = 0; t < n; ++t) {
-    const float* l = logits + int64_t(t) * E;
-    float* p = r.probs.data() + int64_t(t) * E;
-    float mx = l[0];
-    for (int e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    float sum = 0.f;
-    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - mx));
-    for (int e = 0; e < E; ++e) p[e] /= sum;
-    int32_t* sel = r.selected.data() + int64_t(t) * K;
-    float* w = r.weight.data() + int64_t(t) * K;
-    float picked = 0.f;
-    for (int k = 0; k < K; ++k) {  // the k-th most probable expert not yet picked
-      int best = -1;
-      for (int e = 0; e < E; ++e) {
-        if (std::find(sel, sel + k, e) != sel + k) continue;
-        if (best < 0 || (bias ? p[e] + bias[e] > p[best] + bias[best] : p[e] > p[best])) best = e;
-      }
-      sel[k] = best;
-      w[k] = p[best];
-      picked += p[best];
-    }
-    if (s.norm_topk)
-      for (int k = 0; k < K; ++k) w[k] /= picked;
-  }
-  // Capacity per sequence and expert: the earliest positions keep their place.
-  const int cap = s.capacity();
-  const int sequences = T > 0 ? n / T : 0;
-  std::vector<int> used(static_cast<size_t>(E));
-  std::vector<uint8_t> kept(size_t(n) * K, 0);
-  r.fraction.assign(size_t(sequences) * E, 0.f);
-  for (int q = 0; q < sequences; ++q) {
-    std::fill(used.begin(), used.end(), 0);
-    for (int t = q * T; t < (q + 1) * T; ++t)
-      for (int k = 0; k < K; ++k) {
-        const int e = r.selected[size_t(t) * K + k];
-        r.fraction[size_t(q) * E + e] += 1.f;
-        if (used[size_t(e)] < cap) {
-          ++used[size_t(e)];
-          kept[size_t(t) * K + k] = 1;
-        }
-      }
-  }
-  // Expert-ordered list of kept assignments.
-  r.offsets.assign(size_t(E) + 1, 0);
-  for (int t = 0; t < n; ++t)
-    for (int k = 0; k < K; ++k)
-      if (kept[size_t(t) * K + k]) ++r.offsets[size_t(r.selected[size_t(t) * K + k]) + 1];
-  for (int e = 0; e < E; ++e) r.offsets[size_t(e) + 1] += r.offsets[size_t(e)];
-  r.token.resize(size_t(r.offsets[size_t(E)]));
-  r.token_weight.resize(r.token.size());
-  std::vector<int32_t> next(r.offsets.begin(), r.offsets.end() - 1);
-  for (int t = 0; t < n; ++t)
+    const float* l = logits + size_t(t) * E;
+    const double mx = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(double(l[e]) - mx));
+    for (int e = 0; e < E; ++e) r.probs[size_t(t) * E + e] = float(p[size_t(e)] /= sum);
+    std::iota(order.begin(), order.end(), 0);
+    auto score = [&](int e) { return p[size_t(e)] + (bias ? bias[e] : 0.0); };
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score(a) > score(b); });
+    double picked = 0;
+    for (int k = 0; k < K; ++k) picked += p[size_t(order[size_t(k)])];
     for (int k = 0; k < K; ++k) {
-      const size_t a = size_t(t) * K + k;
-      if (!kept[a]) continue;
-      const int32_t at = next[size_t(r.selected[a])]++;
-      r.position[a] = at;
-      r.token[size_t(at)] = t;
-      r.token_weight[size_t(at)] = r.weight[a];
+      r.selected[size_t(t) * K + k] = order[size_t(k)];
+      r.weight[size_t(t) * K + k] = float(p[size_t(order[size_t(k)])] / (s.norm_topk ? picked : 1.0));
     }
-  // Balance loss: Σ_e f_e · P_e per sequence, f_e = E/(K·T) · count_e, P_e = mean over the sequence of p_e.
-  for (int q = 0; q < sequences; ++q)
-    for (int e = 0; e < E; ++e) {
-      float& f = r.fraction[size_t(q) * E + e];
-      f *= float(E) / float(K * T);
-      double mean_p = 0;
-      for (int t = q * T; t < (q + 1) * T; ++t) mean_p += r.probs[size_t(t) * E + e];
-      r.balance += double(f) * mean_p / T;
+  }
+  const int sequences = T > 0 ? n / T : 0, cap = s.capacity();
+  r.position.assign(size_t(n) * K, -1);
+  r.fraction.assign(size_t(sequences) * E, 0.f);
+  int kept = 0;
+  for (int e = 0; e < E; ++e)
+    for (int q = 0; q < sequences; ++q) {
+      int seen = 0;
+      for (size_t a = size_t(q) * T * K; a < size_t(q + 1) * T * K; ++a)
+        if (r.selected[a] == e && seen++ < cap) r.position[a] = kept++;
+      r.fraction[size_t(q) * E + e] = float(double(E) / (double(K) * T) * seen);
     }
   return r;
-}
-
-void router_backward(const RouterShape& s, const Routing& r, const float* dweight, double balance_scale,
-                     float* dlogits) {
-  const int n = s.tokens, E = s.experts, K = s.top_k, T = s.seq_len;
-  std::vector<float> dp(static_cast<size_t>(E));
-  for (int t = 0; t < n; ++t) {
-    const float* p = r.probs.data() + int64_t(t) * E;
-    const int32_t* sel = r.selected.data() + int64_t(t) * K;
-    const float* w = r.weight.data() + int64_t(t) * K;
-    const float* dw = dweight + int64_t(t) * K;
-    // balance loss: d/dp_e of scale · f_e · mean_t p_e
-    const float* f = r.fraction.data() + int64_t(t / T) * E;
-    for (int e = 0; e < E; ++e) dp[size_t(e)] = float(balance_scale * double(f[e]) / T);
-    // combine weights: w_k = p_k / S (S = Σ_k p_k) or w_k = p_k
-    if (s.norm_topk) {
-      float picked = 0.f, dot = 0.f;
-      for (int k = 0; k < K; ++k) {
-        picked += p[sel[k]];
-        dot += dw[k] * w[k];
-      }
-      for (int k = 0; k < K; ++k) dp[size_t(sel[k])] += (dw[k] - dot) / picked;
-    } else {
-      for (int k = 0; k < K; ++k) dp[size_t(sel[k])] += dw[k];
-    }
-    // softmax: dl_e = p_e (dp_e − Σ p dp)
-    float pdp = 0.f;
-    for (int e = 0; e < E; ++e) pdp += p[e] * dp[size_t(e)];
-    float* dl = dlogits + int64_t(t) * E;
-    for (int e = 0; e < E; ++e) dl[e] = p[e] * (dp[size_t(e)] - pdp);
-  }
 }
 
 }  // namespace piper::moe

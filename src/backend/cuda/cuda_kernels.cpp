@@ -360,6 +360,24 @@ void CudaKernels::softmax_xent_backward(float* dlogits, const float* probs, cons
   cuda::softmax_xent_backward(dlogits, probs, targets, N, V, scale, t.stream.stream());
 }
 
+void CudaKernels::vocab_xent_stats(float* stats, const float* logits, const int32_t* targets, int N, int Vl, int v0) {
+  Target t = target();
+  cuda::vocab_xent_stats(stats, logits, targets, N, Vl, v0, t.stream.stream());
+}
+
+void CudaKernels::vocab_xent_finish(float* probs, double* loss_sum, const float* logits, const float* all,
+                                    const int32_t* targets, int N, int Vl, int ranks, float scale) {
+  Target t = target();
+  auto* row_loss = static_cast<double*>(t.stream.workspace(sizeof(double) * size_t(N > 0 ? N : 1)));  // (N)
+  cuda::vocab_xent_finish(probs, loss_sum, logits, all, targets, N, Vl, ranks, scale, row_loss, t.stream.stream());
+}
+
+void CudaKernels::vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl,
+                                      int v0, float scale) {
+  Target t = target();
+  cuda::vocab_xent_backward(dlogits, probs, targets, N, Vl, v0, scale, t.stream.stream());
+}
+
 void CudaKernels::add(float* y, const float* a, const float* b, size_t n) {
   Target t = target();
   cuda::add(y, a, b, n, t.stream.stream());

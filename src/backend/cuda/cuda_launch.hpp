@@ -111,6 +111,17 @@ void combine_rows(float* dst, const float* src, const int32_t* pos, const float*
 // out(n,K) = a[t] · b[pos[t,k]] (0 where pos < 0); one warp per (t,k), double sums in a fixed order
 void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C, cudaStream_t s);
 
+// ---- vocab_xent_kernels.cu ----
+// As Kernels::vocab_xent_stats: one block per row
+void vocab_xent_stats(float* stats, const float* logits, const int32_t* targets, int N, int Vl, int v0,
+                      cudaStream_t s);
+// As Kernels::vocab_xent_finish: one block per row, then the row losses (row_loss: N doubles) in a fixed order
+void vocab_xent_finish(float* probs, double* loss_sum, const float* logits, const float* all, const int32_t* targets,
+                       int N, int Vl, int ranks, float scale, double* row_loss, cudaStream_t s);
+// As Kernels::vocab_xent_backward
+void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
+                         float scale, cudaStream_t s);
+
 // ---- moe_routing_kernels.cu ----
 // As Kernels::moe_route: one thread per token
 void moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias, int n, int E,
