@@ -62,8 +62,8 @@ class Lowerer {
     for (int id : sequence) {
       const Node& n = g_.nodes[size_t(id)];
       if (is_compute(n.kind)) {
-        // Receives are posted one compute node ahead of their consumer: early enough to overlap,
-        // late enough to keep each channel in the order the receiver consumes.
+        // Receives are posted one compute node ahead of their consumer (and not before the compute before them
+        // is done): early enough to overlap, late enough to keep each channel in the order the receiver consumes.
         issue_receives(compute_index);
         issue_receives(compute_index + 1);
         ++compute_index;
@@ -450,10 +450,12 @@ class Lowerer {
     }
   }
 
+  // A receive starts when the compute before it is done: its stream holds nothing else to wait on, and would
+  // otherwise post (and allocate) every receive of the step at once, ahead of the plan and its memory estimate.
   void issue_receives(size_t compute_index) {
     auto it = receives_for_.find(compute_index);
     if (it == receives_for_.end()) return;
-    for (int id : it->second) emit_node(g_.nodes[size_t(id)]);
+    for (int id : it->second) emit_node(g_.nodes[size_t(id)], last_compute_);
     receives_for_.erase(it);
   }
 
