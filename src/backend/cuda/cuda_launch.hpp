@@ -90,6 +90,8 @@ void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N
 size_t token_embedding_backward_workspace_bytes(int N);
 void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
                               void* workspace, cudaStream_t s);
+// *acc += scale · Σ values(n): one block, a fixed order (the row losses of a cross-entropy)
+void add_scaled_sum(double* acc, const double* values, int64_t n, double scale, cudaStream_t s);
 // probs(N,V) = softmax(logits) (may alias); row_loss(N) = -log probs[target]; *loss_sum += scale·Σ row_loss.
 void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
                           float scale, double* row_loss, cudaStream_t s);

@@ -224,13 +224,17 @@ void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N
   CUDA_CHECK_LAUNCH();
 }
 
+void add_scaled_sum(double* acc, const double* values, int64_t n, double scale, cudaStream_t s) {
+  add_scaled_sum_kernel<<<1, 256, 0, s>>>(acc, values, n, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
 void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
                           float scale, double* row_loss, cudaStream_t s) {
   if (N <= 0) return;
   softmax_xent_forward_kernel<<<N, row_threads(V), 0, s>>>(probs, row_loss, logits, targets, V);
   CUDA_CHECK_LAUNCH();
-  add_scaled_sum_kernel<<<1, 256, 0, s>>>(loss_sum, row_loss, N, double(scale));
-  CUDA_CHECK_LAUNCH();
+  add_scaled_sum(loss_sum, row_loss, N, double(scale), s);
 }
 
 void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V, float scale,

@@ -47,15 +47,6 @@ __global__ void vocab_xent_finish_kernel(float* probs, double* row_loss, const f
   if (threadIdx.x == 0) row_loss[row] = double(logf(sum)) - double(target_logit - mx);
 }
 
-// *acc += scale · Σ values(n), one block, fixed order
-__global__ void add_scaled_row_sum_kernel(double* acc, const double* values, int64_t n, double scale) {
-  __shared__ double shared[32];
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += values[i];
-  s = block_sum(s, shared);
-  if (threadIdx.x == 0) *acc += scale * s;
-}
-
 // dlogits(N,Vl) = scale · (probs − onehot(target − v0)): columns over x, rows grid-strided over y.
 __global__ void vocab_xent_backward_kernel(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl,
                                            int v0, float scale) {
@@ -84,8 +75,7 @@ void vocab_xent_finish(float* probs, double* loss_sum, const float* logits, cons
   vocab_xent_finish_kernel<<<unsigned(N), row_threads(Vl), 0, s>>>(probs, row_loss, logits, all, targets, N, Vl,
                                                                    ranks);
   CUDA_CHECK_LAUNCH();
-  add_scaled_row_sum_kernel<<<1, 256, 0, s>>>(loss_sum, row_loss, N, double(scale));
-  CUDA_CHECK_LAUNCH();
+  add_scaled_sum(loss_sum, row_loss, N, double(scale), s);
 }
 
 void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
