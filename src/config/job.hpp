@@ -116,8 +116,9 @@ struct Directive {
   // shard (and its stream above)
   int group = 0;  // ranks per expert group; 0: the whole device set
   // recompute
-  std::string policy = "full";  // full | selective
-  int every = 1;                // every k-th eligible segment of the matched regions, in model order
+  std::string policy = "full";      // full | selective
+  int every = 1;                    // every k-th eligible segment of the matched regions, in model order
+  std::vector<std::string> types;   // only segments of these types ("qwen3.mlp"); empty: every type
   // order
   std::vector<std::vector<Filter>> slots;
   // schedule

@@ -404,6 +404,18 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       d.filter = filter_or_all(false);
       d.policy = r.get_string("policy", "full", {"full", "selective"});
       d.every = int(r.get_int("every", 1, 1, 1 << 20));
+      if (const toml::node* n = r.get_node("types")) {  // segment type names, checked by the recompute pass
+        const toml::array* a = n->as_array();
+        if (!a || a->empty()) r.error("types", "a non-empty array of segment type names such as [\"qwen3.mlp\"]", n);
+        for (size_t i = 0; i < a->size(); ++i) {
+          const auto* s = a->get(i)->as_string();
+          if (!s)
+            throw UserError(cat(node_loc(a->get(i), r.key_path("types"), ctx).str(), ": ", r.key_path("types"), "[", i,
+                                "]: expected a segment type name such as \"qwen3.mlp\", found ",
+                                describe_node(a->get(i))));
+          d.types.push_back(s->get());
+        }
+      }
     } else if (d.op == "order") {
       const toml::node* fs = r.get_node("filters");
       const toml::array* fa = fs ? fs->as_array() : nullptr;

@@ -1,7 +1,10 @@
-// recompute: activation recompute as a graph rewrite. The matched regions' segments (every `every`-th eligible
-// one) keep only their input after the forward (policy full), or only the part of their stash that is expensive
-// to make (selective: SegmentSizes::stash_kept_bytes); an R node per backward node (B, or BI under split
-// backward) reruns the forward, or the cheap rest, just before it, and the backward halves read what it stashed.
+// recompute: activation recompute as a graph rewrite. The matched regions' segments (of the named `types`, every
+// `every`-th eligible one) keep only their input after the forward (policy full), or only the part of their stash
+// that is expensive to make (selective: SegmentSizes::stash_kept_bytes); an R node per backward node (B, or BI
+// under split backward) reruns the forward, or the cheap rest, just before it, and the backward halves read what
+// it stashed.
+#include <algorithm>
+
 #include "model/segment_type.hpp"
 #include "passes/passes.hpp"
 #include "util/error.hpp"
@@ -37,6 +40,20 @@ void apply_recompute(Graph& g, const std::vector<Directive>& recomputes) {
       if (tag == "MB" || tag == "PASS")
         throw UserError(cat(d.describe(), ": recompute works on whole regions; its filter cannot name ", tag));
     const bool selective = d.policy == "selective";
+    std::vector<std::string> model_types;  // for messages: what the model's segments are
+    for (const Segment& seg : g.model->segments)
+      if (std::find(model_types.begin(), model_types.end(), seg.type->name) == model_types.end())
+        model_types.push_back(seg.type->name);
+    for (const std::string& t : d.types)
+      if (std::find(model_types.begin(), model_types.end(), t) == model_types.end()) {
+        std::string known;
+        for (const std::string& m : model_types) known += cat(known.empty() ? "" : ", ", "\"", m, "\"");
+        throw UserError(cat(d.describe(), ": types names \"", t, "\", which no segment of this model has (its types: ",
+                            known, ")"));
+      }
+    auto typed = [&](const SegmentType& type) {
+      return d.types.empty() || std::find(d.types.begin(), d.types.end(), type.name) != d.types.end();
+    };
     int matched = 0, eligible = 0;
     for (const Region& r : g.regions) {
       if (!filter_matches_region(d.filter, r)) continue;
@@ -44,7 +61,7 @@ void apply_recompute(Graph& g, const std::vector<Directive>& recomputes) {
       for (int s = r.seg_begin; s < r.seg_end; ++s) {
         // selective: only segment types that split their stash; the others keep all of it
         const SegmentType& type = *g.model->segments[size_t(s)].type;
-        if (kept[size_t(s)] || (selective && !type.rerun_tail)) continue;
+        if (kept[size_t(s)] || !typed(type) || (selective && !type.rerun_tail)) continue;
         if (eligible++ % d.every != 0) continue;
         g.segment_recompute[size_t(s)] = selective ? kRecomputeSelective : kRecomputeFull;
       }
