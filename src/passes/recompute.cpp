@@ -17,16 +17,24 @@ namespace {
 // halves around an exchange, SegmentType::link_offset: rerunning one half would rewrite state the other half
 // reads), and the loss segment, whose backward follows its forward at once.
 std::vector<char> kept_segments(const Model& m) {
-  std::vector<char> linked(m.segments.size(), 0);
+  std::vector<char> kept(m.segments.size(), 0);
   for (size_t s = 0; s < m.segments.size(); ++s) {
-    if (m.segments[s].type->computes_loss) linked[s] = 1;
+    if (m.segments[s].type->computes_loss) kept[s] = 1;
     const int offset = m.segments[s].type->link_offset;
     if (offset == 0) continue;
-    linked[s] = 1;
+    kept[s] = 1;
     const int64_t partner = int64_t(s) + offset;
-    if (partner >= 0 && size_t(partner) < linked.size()) linked[size_t(partner)] = 1;
+    if (partner >= 0 && size_t(partner) < kept.size()) kept[size_t(partner)] = 1;
   }
-  return linked;
+  return kept;
+}
+
+// The segment types of the model, each once, in model order.
+std::vector<std::string> segment_types(const Model& m) {
+  std::vector<std::string> types;
+  for (const Segment& seg : m.segments)
+    if (std::find(types.begin(), types.end(), seg.type->name) == types.end()) types.push_back(seg.type->name);
+  return types;
 }
 
 }  // namespace
@@ -35,21 +43,18 @@ void apply_recompute(Graph& g, const std::vector<Directive>& recomputes) {
   g.segment_recompute.assign(g.model->segments.size(), 0);
   if (recomputes.empty()) return;
   const std::vector<char> kept = kept_segments(*g.model);
+  const std::vector<std::string> model_types = segment_types(*g.model);
   for (const Directive& d : recomputes) {
     for (const auto& [tag, m] : d.filter.match)
       if (tag == "MB" || tag == "PASS")
         throw UserError(cat(d.describe(), ": recompute works on whole regions; its filter cannot name ", tag));
     const bool selective = d.policy == "selective";
-    std::vector<std::string> model_types;  // for messages: what the model's segments are
-    for (const Segment& seg : g.model->segments)
-      if (std::find(model_types.begin(), model_types.end(), seg.type->name) == model_types.end())
-        model_types.push_back(seg.type->name);
     for (const std::string& t : d.types)
       if (std::find(model_types.begin(), model_types.end(), t) == model_types.end()) {
         std::string known;
         for (const std::string& m : model_types) known += cat(known.empty() ? "" : ", ", "\"", m, "\"");
-        throw UserError(cat(d.describe(), ": types names \"", t, "\", which no segment of this model has (its types: ",
-                            known, ")"));
+        throw UserError(cat(d.describe(), ": types: no segment of this model is of type \"", t, "\" (its types: ", known,
+                            ")"));
       }
     auto typed = [&](const SegmentType& type) {
       return d.types.empty() || std::find(d.types.begin(), d.types.end(), type.name) != d.types.end();
