@@ -1,5 +1,6 @@
 // Compiler driver: model, graph, passes, lowering, verification; and per-rank binding of plan bodies.
 #include "compile/compile.hpp"
+#include "compile/finalize.hpp"
 
 #include <algorithm>
 
@@ -74,6 +75,27 @@ OrderOrigins order_origins(const Graph& g, const std::vector<Directive>& applied
   return o;
 }
 
+// For each send of a plan, the first compute instruction after it that the simulation starts once the send is
+// complete (its receiver took it): where the sent buffer is free again. Other entries are unused.
+std::vector<size_t> send_completions(const Plan& p, const std::vector<SimSpan>& spans) {
+  const size_t n = p.instrs.size();
+  std::vector<size_t> done(n, n - 1);
+  std::vector<double> start(n, 0.0), end(n, 0.0);
+  for (const SimSpan& s : spans) {
+    start[size_t(s.instr)] = s.start;
+    end[size_t(s.instr)] = s.end;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (p.instrs[i].op != Op::Send) continue;
+    for (size_t j = i + 1; j < n; ++j)
+      if (op_is_compute(p.instrs[j].op) && start[j] >= end[i]) {
+        done[i] = j;
+        break;
+      }
+  }
+  return done;
+}
+
 }  // namespace
 
 void compile_job(const JobSpec& spec, int world, CompileResult& out) {
@@ -98,6 +120,7 @@ void compile_job(const JobSpec& spec, int world, CompileResult& out) {
   for (size_t s = 0; s < out.bodies.size(); ++s) {
     out.bodies[s].predicted_step = out.simulation.step_time;
     out.bodies[s].predicted_bubble = out.simulation.bubble[s];
+    estimate_memory(out.bodies[s], send_completions(out.bodies[s], out.simulation.spans[s]));
   }
   out.seconds = now_seconds() - t0;
 }

@@ -9,7 +9,6 @@ void finalize_plan(Plan& p) {
   const size_t nb = p.buffers.size();
   std::vector<int32_t> last_writer(nb, -1);
   std::vector<std::vector<int32_t>> readers(nb);
-  std::vector<int32_t> first_use(nb, -1), last_use(nb, -1);
   std::vector<int32_t> reads, writes;
   for (auto& b : p.buffers) b.uses = 0;
   for (size_t i = 0; i < p.instrs.size(); ++i) {
@@ -40,11 +39,20 @@ void finalize_plan(Plan& p) {
     all.insert(all.end(), writes.begin(), writes.end());
     std::sort(all.begin(), all.end());
     all.erase(std::unique(all.begin(), all.end()), all.end());
-    for (int32_t b : all) {
-      ++p.buffers[size_t(b)].uses;
-      if (first_use[size_t(b)] < 0) first_use[size_t(b)] = int32_t(i);
-      last_use[size_t(b)] = int32_t(i);
-    }
+    for (int32_t b : all) ++p.buffers[size_t(b)].uses;
+  }
+  estimate_memory(p, {});
+}
+
+void estimate_memory(Plan& p, const std::vector<size_t>& send_done) {
+  const size_t nb = p.buffers.size();
+  std::vector<int32_t> reads, writes;
+  std::vector<int32_t> first_use(nb, -1);
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    instr_accesses(p.instrs[i], reads, writes);
+    for (const auto* list : {&reads, &writes})
+      for (int32_t b : *list)
+        if (first_use[size_t(b)] < 0) first_use[size_t(b)] = int32_t(i);
   }
   // When each instruction is done, in list positions: synchronous work where it stands; posted
   // communication where the first instruction that waits for it stands (a send: by the next compute
@@ -57,6 +65,10 @@ void finalize_plan(Plan& p) {
       if (op_is_async(p.instrs[size_t(j)].op)) done_at[size_t(j)] = std::min(done_at[size_t(j)], i);
   for (size_t i = 0; i < n; ++i) {
     if (p.instrs[i].op != Op::Send) continue;
+    if (i < send_done.size()) {  // where the simulation says the receiver took it
+      done_at[i] = std::min(done_at[i], std::max(send_done[i], i));
+      continue;
+    }
     for (size_t j = i + 1; j < n; ++j)
       if (op_is_compute(p.instrs[j].op)) {
         done_at[i] = std::min(done_at[i], j);

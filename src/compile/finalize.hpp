@@ -9,4 +9,9 @@ namespace piper {
 
 void finalize_plan(Plan& p);
 
+// The memory estimate again, with each send done where the simulation of every rank's plan says it completes:
+// `send_done[i]` is, for a send i, the position of the first instruction that starts after its receiver has taken
+// it (other entries are ignored). finalize_plan assumes a send done by the next compute instruction.
+void estimate_memory(Plan& p, const std::vector<size_t>& send_done);
+
 }  // namespace piper
