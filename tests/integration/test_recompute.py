@@ -7,7 +7,8 @@ and on PP2 x DP2 under 1F1B, ZB-H1 (split backward) and DualPipeV with ZeRO-3 (D
 groups of 2); those also match the one-process run within 1e-5. On configs/qwen3-small.toml the measured
 activation peak with full recompute is at most 40% of the peak without, with selective below it, and the estimate
 is within 2% of the measurement each time. A recompute that names no region, or a policy it does not know, is an
-error (exit 2). `types` limits it to segments of the named types; GPipe and interleaved 1F1B compile with it."""
+error (exit 2). `types` limits it to segments of the named types; GPipe and interleaved 1F1B compile with it, and a
+schedule file trains with it to the same bits."""
 import glob
 import os
 import subprocess
@@ -90,6 +91,13 @@ def main():
     ep = ["--set", "mesh.ep=2"]
     same_run("Qwen3-MoE PP2 x DP2 DualPipeV ZeRO-3 EP2 ([mesh] recompute)", d, "dualpipev", moe, 4,
              mesh(pp=2, dp=2, m=4, zero=3, schedule="dualpipev") + ep, moe_ref, mesh_key=True)
+
+    # a schedule of one's own (a file of actions) with reruns: GPT-2 on 2 pipeline ranks
+    actions = write(d, "actions.toml", '[[rank]]\nslots = ["F0.0", "F0.1", "B0.0", "B0.1"]\n'
+                                       '[[rank]]\nslots = ["F1.0", "B1.0", "F1.1", "B1.1"]\n')
+    filed = tiny_gpt("f", steps=STEPS, layers=2, batch=8) + (
+        f'\n[mesh]\npp = 2\nmicrobatches = 2\n\n[[directive]]\nop = "schedule"\nkind = "file"\nfile = "{actions}"\n')
+    same_run("GPT-2 PP2 from a schedule file", d, "filed", filed, 2)
 
     # only some segment types: the MLPs of Qwen3 rerun, the attention keeps its stash
     mlps, ck_mlps = train(d, "mlps", dense + recompute("full", keys='types = ["qwen3.mlp"]\n'))
