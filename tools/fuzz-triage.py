@@ -19,9 +19,11 @@ import subprocess
 import sys
 
 FRAME = re.compile(r"^\s+#\d+ 0x")
-# frames of the fuzzer, the sanitizers, the allocator and libc/libstdc++ sit above the code that failed
+# frames of the fuzzer, the sanitizers, the allocator and libc/libstdc++ sit above the code that failed (libc's
+# string functions show as their source files under sysdeps/ where they are symbolized)
 RUNTIME = re.compile(r"__sanitizer|__asan|__lsan|__ubsan|__interceptor|fuzzer::|\bmalloc\b|\bcalloc\b|\brealloc\b|"
-                     r"\bfree\b|\boperator new\b|\boperator delete\b|libc\.so|libstdc\+\+\.so|libgcc_s\.so")
+                     r"\bfree\b|\boperator new\b|\boperator delete\b|libc\.so|libstdc\+\+\.so|libgcc_s\.so|"
+                     r"\bsysdeps/|\b__(mem|str)\w+_(avx|sse|evex|erms)\w*")
 
 
 def stacks(lines):
