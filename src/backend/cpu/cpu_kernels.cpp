@@ -332,14 +332,7 @@ void CpuKernels::softmax_xent_forward(float* probs, double* loss_sum, const floa
 
 void CpuKernels::softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
                                        float scale) {
-  for_range(size_t(N) * V, threads_, [&](size_t e0, size_t e1) {
-    for (size_t r = e0 / V; r < e1 / V; ++r) {
-      const float* pr = probs + r * V;  // may alias dlogits
-      float* dr = dlogits + r * V;
-      for (int i = 0; i < V; ++i) dr[i] = scale * pr[i];
-      dr[targets[r]] -= scale;
-    }
-  });
+  vocab_xent_backward(dlogits, probs, targets, N, V, 0, scale);  // the one shard that is the whole vocabulary
 }
 
 void CpuKernels::add(float* y, const float* a, const float* b, size_t n) {

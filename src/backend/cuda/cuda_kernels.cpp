@@ -357,7 +357,7 @@ void CudaKernels::softmax_xent_forward(float* probs, double* loss_sum, const flo
 void CudaKernels::softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
                                         float scale) {
   Target t = target();
-  cuda::softmax_xent_backward(dlogits, probs, targets, N, V, scale, t.stream.stream());
+  cuda::vocab_xent_backward(dlogits, probs, targets, N, V, 0, scale, t.stream.stream());  // the whole vocabulary
 }
 
 void CudaKernels::vocab_xent_stats(float* stats, const float* logits, const int32_t* targets, int N, int Vl, int v0) {

@@ -95,8 +95,6 @@ void add_scaled_sum(double* acc, const double* values, int64_t n, double scale, 
 // probs(N,V) = softmax(logits) (may alias); row_loss(N) = -log probs[target]; *loss_sum += scale·Σ row_loss.
 void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets, int N, int V,
                           float scale, double* row_loss, cudaStream_t s);
-void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V, float scale,
-                           cudaStream_t s);
 // *acc += Σ x²; partial: sum_squares_partials(n) doubles
 size_t sum_squares_partials(size_t n);
 void sum_squares(double* acc, const float* x, size_t n, double* partial, cudaStream_t s);
@@ -120,7 +118,7 @@ void vocab_xent_stats(float* stats, const float* logits, const int32_t* targets,
 // As Kernels::vocab_xent_finish: one block per row, then the row losses (row_loss: N doubles) in a fixed order
 void vocab_xent_finish(float* probs, double* loss_sum, const float* logits, const float* all, const int32_t* targets,
                        int N, int Vl, int ranks, float scale, double* row_loss, cudaStream_t s);
-// As Kernels::vocab_xent_backward
+// As Kernels::vocab_xent_backward (softmax_xent_backward is its one-shard case, v0 = 0)
 void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
                          float scale, cudaStream_t s);
 

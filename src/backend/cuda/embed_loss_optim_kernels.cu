@@ -108,19 +108,6 @@ __global__ void add_scaled_sum_kernel(double* acc, const double* values, int64_t
   if (threadIdx.x == 0) *acc += scale * s;
 }
 
-// dlogits(N,V) = scale · (probs - onehot(target)); may alias probs
-__global__ void softmax_xent_backward_kernel(float* dlogits, const float* probs, const int32_t* targets, int N,
-                                             int V, float scale) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= V) return;
-  for (int r = blockIdx.y; r < N; r += gridDim.y) {
-    const int64_t i = int64_t(r) * V + c;
-    float d = scale * probs[i];
-    if (c == targets[r]) d -= scale;
-    dlogits[i] = d;
-  }
-}
-
 // partial(block) = Σ x² over the block's grid-stride elements, accumulated in double
 __global__ void sum_squares_partial_kernel(double* partial, const float* x, size_t n) {
   __shared__ double shared[32];
@@ -235,14 +222,6 @@ void softmax_xent_forward(float* probs, double* loss_sum, const float* logits, c
   softmax_xent_forward_kernel<<<N, row_threads(V), 0, s>>>(probs, row_loss, logits, targets, V);
   CUDA_CHECK_LAUNCH();
   add_scaled_sum(loss_sum, row_loss, N, double(scale), s);
-}
-
-void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V, float scale,
-                           cudaStream_t s) {
-  if (N <= 0 || V <= 0) return;
-  dim3 grid((V + 255) / 256, grid_rows(N));
-  softmax_xent_backward_kernel<<<grid, 256, 0, s>>>(dlogits, probs, targets, N, V, scale);
-  CUDA_CHECK_LAUNCH();
 }
 
 size_t sum_squares_partials(size_t n) {

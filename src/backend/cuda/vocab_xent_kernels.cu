@@ -82,7 +82,7 @@ void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targ
                          float scale, cudaStream_t s) {
   if (N <= 0 || Vl <= 0) return;
   const int threads = 256;
-  dim3 grid(unsigned((Vl + threads - 1) / threads), unsigned(N < 65535 ? N : 65535));
+  dim3 grid(unsigned((Vl + threads - 1) / threads), grid_rows(N));
   vocab_xent_backward_kernel<<<grid, threads, 0, s>>>(dlogits, probs, targets, N, Vl, v0, scale);
   CUDA_CHECK_LAUNCH();
 }
