@@ -41,7 +41,6 @@ void finalize_plan(Plan& p) {
     all.erase(std::unique(all.begin(), all.end()), all.end());
     for (int32_t b : all) ++p.buffers[size_t(b)].uses;
   }
-  estimate_memory(p, {});
 }
 
 void estimate_memory(Plan& p, const std::vector<size_t>& send_done) {
@@ -69,7 +68,7 @@ void estimate_memory(Plan& p, const std::vector<size_t>& send_done) {
       done_at[i] = std::min(done_at[i], std::max(send_done[i], i));
       continue;
     }
-    for (size_t j = i + 1; j < n; ++j)
+    for (size_t j = i + 1; j < n; ++j)  // without a simulation: by the next compute instruction
       if (op_is_compute(p.instrs[j].op)) {
         done_at[i] = std::min(done_at[i], j);
         break;

@@ -1,6 +1,7 @@
 // Lowering: for each device set, walks its node sequence and emits per-segment instructions with their
 // buffers — activations per boundary and microbatch, stashes, parameter buckets (full or sharded),
-// gradients, optimizer moments — then derives cross-stream waits, buffer uses and the memory estimate.
+// gradients, optimizer moments — then derives cross-stream waits and buffer uses (the compiler estimates memory
+// after simulating every rank's plan).
 #include <algorithm>
 #include <deque>
 #include <map>
