@@ -71,6 +71,12 @@ struct DispatchWStash {
   }
 };
 
+// The weight of the balance loss, Σ_q Σ_e f·P, in the training loss: aux_loss_coef / sequences of the global batch
+// (loss_scale is 1 / its tokens); the forward and the router's backward use the same.
+double balance_scale(const ModelDims& d, const SegmentIO& io, const MoeShape& s) {
+  return d.moe_aux_loss_coef * double(io.loss_scale) * s.T;
+}
+
 // ---------------------------------------------------------------- dispatch: x(n,C) → rows for the experts
 SegmentSizes dispatch_sizes(const Segment&, const ModelDims& d, int samples) {
   MoeShape s(d, samples);
@@ -95,8 +101,7 @@ void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const 
   k.moe_assign(st.position, st.counts, st.token, st.token_weight, st.fraction, io.routing, st.selected, st.weight,
                s.n, s.T, s.E, s.K, s.capacity, s.A);
   if (io.balance_loss && d.moe_aux_loss_coef != 0)
-    k.moe_balance_loss(io.balance_loss, st.fraction, st.probs, s.n, s.T, s.E,
-                       d.moe_aux_loss_coef * double(io.loss_scale) * s.T);
+    k.moe_balance_loss(io.balance_loss, st.fraction, st.probs, s.n, s.T, s.E, balance_scale(d, io, s));
   RaggedRows out(io.out, s.E);
   k.copy(out.counts, st.counts, size_t(s.E) * i32);
   k.gather_rows(out.rows, st.h, st.token, nullptr, s.A, s.C);  // (A,C), expert-ordered, zeros after the kept
@@ -111,7 +116,7 @@ void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, con
   if (s.S > 0) k.accumulate(ws.dh, st.dshared, size_t(s.n) * s.C);             // + from the shared experts
   // router: d combine weights (from the combine) and the balance loss → d logits
   k.moe_router_backward(ws.dlogits, st.probs, st.selected, st.weight, st.fraction, st.dweight, s.n, s.T, s.E, s.K,
-                        s.norm_topk, d.moe_aux_loss_coef * double(io.loss_scale) * s.T);
+                        s.norm_topk, balance_scale(d, io, s));
   k.linear_backward_input(ws.dh, ws.dlogits, io.w[kRouter], s.n, s.C, s.E, true);  // + router path
   k.copy(io.din, st.dresidual, size_t(s.n) * s.C * f);                            // residual path
   k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, io.w[kMoeNorm], s.n, s.C, true);

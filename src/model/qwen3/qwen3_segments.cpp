@@ -22,18 +22,6 @@ struct Shape {
         eps(float(d.norm_eps)), theta(float(d.rope_theta)), qk_norm(d.qk_norm) {}
 };
 
-// Carves consecutive float ranges out of one buffer (a backward's wstash).
-struct Carver {
-  float* base;
-  size_t at = 0;
-  explicit Carver(void* p) : base(static_cast<float*>(p)) {}
-  float* take(int64_t count) {
-    float* p = base ? base + at : nullptr;
-    at += size_t(count);
-    return p;
-  }
-};
-
 // ---------------------------------------------------------------- embedding: tokens(b,T) → x(n,C)
 SegmentSizes embed_sizes(const Segment&, const ModelDims& d, int samples) {
   Shape s(d, samples);
@@ -91,14 +79,14 @@ struct AttentionWStash {
   float *dq_pre, *dk_pre, *dv, *dq, *dk, *dh;
   size_t floats;
   AttentionWStash(float* p, const Shape& s) {
-    Carver c(p);
-    dq = c.take(int64_t(s.n) * s.QD);  // d(q after norm, before RoPE) (n,QD)
-    dk = c.take(int64_t(s.n) * s.KD);  // (n,KD)
-    dv = c.take(int64_t(s.n) * s.KD);  // (n,KD)
-    dq_pre = s.qk_norm ? c.take(int64_t(s.n) * s.QD) : dq;  // d(q projection) (n,QD)
-    dk_pre = s.qk_norm ? c.take(int64_t(s.n) * s.KD) : dk;
-    dh = c.take(int64_t(s.n) * s.C);   // d(normed input) (n,C)
-    floats = c.at;
+    StashCarver c(p);
+    dq = c.keep<float>(int64_t(s.n) * s.QD);  // d(q after norm, before RoPE) (n,QD)
+    dk = c.keep<float>(int64_t(s.n) * s.KD);  // (n,KD)
+    dv = c.keep<float>(int64_t(s.n) * s.KD);  // (n,KD)
+    dq_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.QD) : dq;  // d(q projection) (n,QD)
+    dk_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KD) : dk;
+    dh = c.keep<float>(int64_t(s.n) * s.C);   // d(normed input) (n,C)
+    floats = c.bytes() / sizeof(float);
   }
 };
 
@@ -223,11 +211,11 @@ struct MlpWStash {
   float *dg, *du, *dh;
   size_t floats;
   MlpWStash(float* p, const Shape& s) {
-    Carver c(p);
-    dg = c.take(int64_t(s.n) * s.F);  // (n,F)
-    du = c.take(int64_t(s.n) * s.F);  // (n,F)
-    dh = c.take(int64_t(s.n) * s.C);  // (n,C)
-    floats = c.at;
+    StashCarver c(p);
+    dg = c.keep<float>(int64_t(s.n) * s.F);  // (n,F)
+    du = c.keep<float>(int64_t(s.n) * s.F);  // (n,F)
+    dh = c.keep<float>(int64_t(s.n) * s.C);  // (n,C)
+    floats = c.bytes() / sizeof(float);
   }
 };
 
