@@ -42,6 +42,8 @@ std::string directive_text(const Directive& d, bool full) {
   } else if (d.op == "shard") {
     s += cat(" filter = ", d.filter.str(), d.group > 0 ? cat(", group = ", d.group) : std::string(), ", stream = \"",
              d.stream, "\"");
+  } else if (d.op == "tp") {
+    s += cat(" filter = ", d.filter.str(), ", group = ", d.group, ", stream = \"", d.stream, "\"");
   } else if (d.op == "schedule") {
     s += cat(" kind = \"", d.kind, "\"");
   } else if (d.op == "order") {

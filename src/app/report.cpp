@@ -114,7 +114,7 @@ ReplicaCheck check_replicas(Executor& ex, MPI_Comm world) {
   std::vector<float> host;
   for (const auto& pp : plan.plan_params) {
     const PlanBucket& pb = plan.buckets[size_t(pp.bucket)];
-    const int64_t n = plan.params[size_t(pp.model_param)].numel;
+    const int64_t n = plan_param_elements(plan, pp);
     const BucketRange slice = owned_range(pb, plan.replica, false);  // what this rank holds of the bucket
     if (pp.offset < slice.lo || pp.offset >= slice.hi) continue;
     const int64_t at = pp.offset - slice.lo;
@@ -123,7 +123,7 @@ ReplicaCheck check_replicas(Executor& ex, MPI_Comm world) {
       std::copy_n(gathered[size_t(pp.bucket)].begin() + at, n, host.begin());
     else
       k.download(host.data(), ex.bucket_ptr(pb.param_buf, at), size_t(n) * sizeof(float));
-    mine.push_back(uint64_t(pp.model_param));
+    mine.push_back(uint64_t(pp.model_param) + uint64_t(pp.piece + 1) * plan.params.size());  // a piece: its own key
     mine.push_back(fnv1a(host.data(), host.size() * sizeof(float)));
   }
   Gathered<uint64_t> all = gather_to_root(mine, world);
@@ -140,8 +140,8 @@ ReplicaCheck check_replicas(Executor& ex, MPI_Comm world) {
         ++compared;
         if (it->second.second != hash) {
           std::fprintf(stderr, "piper: error: replicas diverged: parameter '%s' differs between rank %d and rank %d\n",
-                       plan.params[size_t(param)].name.c_str(), it->second.first, r);
-          check.differing_parameter = plan.params[size_t(param)].name;
+                       plan.params[size_t(param % plan.params.size())].name.c_str(), it->second.first, r);
+          check.differing_parameter = plan.params[size_t(param % plan.params.size())].name;
           check.differing_ranks[0] = it->second.first;
           check.differing_ranks[1] = r;
           ok = 0;

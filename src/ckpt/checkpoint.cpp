@@ -98,13 +98,16 @@ std::vector<Piece> owned_pieces(const StateView& state) {
     const BucketRange owned = owned_range(pb, plan.replica, true);
     const int64_t base = slice_begin(pb, plan.replica);  // where the bucket's full buffers start here
     for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& p) {
-      const int64_t a = p.begin, lo = owned.lo;
-      Piece piece{p.pp->model_param, p.param_begin(), p.count(), {nullptr, nullptr, nullptr}};
-      piece.src[0] = pb.shard_params ? state.at(pb.param_shard_buf, a - lo) : state.at(pb.param_buf, a - base);
-      const int64_t opt_at = pb.shard_optimizer ? a - lo : a - base;
-      piece.src[1] = state.at(pb.m_buf, opt_at);
-      piece.src[2] = state.at(pb.v_buf, opt_at);
-      out.push_back(piece);
+      // a tensor-parallel piece lies in the tensor as runs (owned_slices.hpp)
+      for_each_element_run(*p.pp, pb.slices, p.param_begin(), p.count(), [&](int64_t element, int64_t at, int64_t n) {
+        const int64_t a = p.begin + (at - p.param_begin()), lo = owned.lo;
+        Piece piece{p.pp->model_param, element, n, {nullptr, nullptr, nullptr}};
+        piece.src[0] = pb.shard_params ? state.at(pb.param_shard_buf, a - lo) : state.at(pb.param_buf, a - base);
+        const int64_t opt_at = pb.shard_optimizer ? a - lo : a - base;
+        piece.src[1] = state.at(pb.m_buf, opt_at);
+        piece.src[2] = state.at(pb.v_buf, opt_at);
+        out.push_back(piece);
+      });
     });
   }
   std::sort(out.begin(), out.end(), [](const Piece& x, const Piece& y) {
@@ -364,8 +367,11 @@ void read_tensors(const StateView& state, hid_t file, const std::string& path, B
       const int32_t buf = t == 0 ? (pb.shard_params ? pb.param_shard_buf : pb.param_buf) : (t == 1 ? pb.m_buf : pb.v_buf);
       const bool alike = !sharded && pb.group_size > 1 && pb.group >= 0;
       for_each_param_piece(plan, int32_t(b), owned, [&](const ParamPiece& piece) {
-        ranges.push_back({t, piece.pp, piece.param_begin(), piece.count(), state.at(buf, piece.begin - owned.lo),
-                          alike ? pb.group : -1});
+        for_each_element_run(*piece.pp, pb.slices, piece.param_begin(), piece.count(),
+                             [&](int64_t element, int64_t at, int64_t n) {
+                               const int64_t a = piece.begin + (at - piece.param_begin());
+                               ranges.push_back({t, piece.pp, element, n, state.at(buf, a - owned.lo), alike ? pb.group : -1});
+                             });
       });
     }
   }

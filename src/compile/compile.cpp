@@ -55,6 +55,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   for (const auto& s : g.sets) p.sets.emplace_back(s.ranks.begin(), s.ranks.end());
   p.microbatches = g.microbatches;
   p.samples_per_replica = g.samples_per_microbatch * g.microbatches;
+  p.data_sharing = g.sets.empty() ? 1 : g.sets[0].tp;
 }
 
 namespace {

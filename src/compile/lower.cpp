@@ -111,7 +111,6 @@ class Lowerer {
   std::map<std::string, int> streams_;
   std::map<std::tuple<char, int, int>, int> keyed_;
   std::map<int, int> bucket_index_;     // graph bucket → plan bucket
-  std::vector<int> param_index_;        // model param → plan param (or -1)
   std::vector<SegOp> ops_;
   std::map<std::pair<int, int>, int> gather_node_;  // (compute node, graph bucket) → gather node
   std::map<int, int> gathers_of_;                   // R node → the backward node whose gathers it uses
@@ -176,10 +175,20 @@ class Lowerer {
   // ---------------------------------------------------------------- buckets and parameters
   // Ranks of an expert group over which a sharded region's buckets are sliced (1: not sliced).
   int slices_of(const Region& r) const { return r.shard_directive >= 0 ? r.shard_group : 1; }
-  // Replicated: more than one rank holds the same parameters (the set, or the copies of one expert slice).
+  // Replicated: more than one rank holds the same parameters (the set, or the copies of one slice).
   bool replicated(const Bucket& b) const {
     const Region& r = g_.regions[size_t(b.region)];
-    return r.zero >= 0 && copies(g_, r) > 1;
+    return r.zero >= 0 && bucket_copies(g_, b) > 1;
+  }
+  // How segment `seg` of a tensor-parallel group holds model parameter `param`.
+  ParamSplit split_of(int param, const Region& r) const {
+    for (int s = r.seg_begin; s < r.seg_end; ++s) {
+      const Segment& seg = segs_[size_t(s)];
+      for (size_t slot = 0; slot < seg.params.size(); ++slot)
+        if (seg.params[slot] == param && seg.shards > 1 && seg.type->tp_split)
+          return seg.type->tp_split(m_.dims, int(slot), seg.shards);
+    }
+    return ParamSplit::copy();
   }
   // The group of a bucket's replicas: the whole set, or the replicas holding the same slice.
   GroupRef replica_group(const PlanBucket& pb, const std::string& stream) const {
@@ -188,7 +197,6 @@ class Lowerer {
   }
 
   void make_buckets() {
-    param_index_.assign(m_.params.size(), -1);
     for (size_t gb = 0; gb < g_.buckets.size(); ++gb) {
       const Bucket& b = g_.buckets[gb];
       const Region& r = g_.regions[size_t(b.region)];
@@ -197,8 +205,9 @@ class Lowerer {
       pb.region = b.region;
       pb.numel = b.numel;
       pb.tied_copy = b.tied_copy;
-      // sharded: each rank holds, computes and updates only its slice (whole experts), reduced over the copies
-      pb.slices = slices_of(r);
+      // sliced: each rank holds, computes and updates only its slice (whole experts, or a tensor-parallel group's
+      // pieces), reduced over the copies of that slice
+      pb.slices = b.slices;
       PIPER_CHECK(b.numel % pb.slices == 0, "sharded bucket ", gb, " of ", b.numel, " parameters in ", pb.slices,
                   " slices");
       const int64_t numel = pb.slice_numel();
@@ -230,15 +239,27 @@ class Lowerer {
       pb.v_buf = new_buffer(opt, BufferKind::OptState, true, nm + ".adam_v");
       bucket_index_[int(gb)] = int(p_.buckets.size());
       int64_t offset = 0;
-      for (int param : b.params) {
-        PlanParam pp;
-        pp.model_param = param;
-        pp.bucket = int(p_.buckets.size());
-        pp.offset = offset;
-        pp.home = !b.tied_copy;
-        offset += m_.params[size_t(param)].numel;
-        param_index_[size_t(param)] = int(p_.plan_params.size());
-        p_.plan_params.push_back(pp);
+      // tensor-parallel pieces: slice t holds piece t of every parameter, in the bucket's order
+      for (int piece = b.tp_pieces ? 0 : -1; piece < (b.tp_pieces ? pb.slices : 0); ++piece) {
+        for (int param : b.params) {
+          PlanParam pp;
+          pp.model_param = param;
+          pp.bucket = int(p_.buckets.size());
+          pp.offset = offset;
+          pp.home = !b.tied_copy;
+          pp.piece = piece;
+          int64_t elements = m_.params[size_t(param)].numel;
+          if (piece >= 0) {
+            const ParamSplit split = split_of(param, r);
+            PIPER_CHECK(split.split() && split.outer * split.inner * pb.slices == elements, "parameter ",
+                        m_.params[size_t(param)].name, " does not split into ", pb.slices, " pieces");
+            pp.split_outer = split.outer;
+            pp.split_inner = split.inner;
+            elements /= pb.slices;
+          }
+          offset += elements;
+          p_.plan_params.push_back(pp);
+        }
       }
       p_.buckets.push_back(pb);
     }
@@ -252,7 +273,11 @@ class Lowerer {
     return -1;
   }
 
-  const PlanBucket& plan_bucket(int gb) const { return p_.buckets[size_t(bucket_index_.at(gb))]; }
+  const PlanBucket& plan_bucket(int gb) const {
+    auto it = bucket_index_.find(gb);
+    PIPER_CHECK(it != bucket_index_.end(), "bucket ", gb, " is not on set ", set_);
+    return p_.buckets[size_t(it->second)];
+  }
 
   int64_t shard_count(const PlanBucket& pb) const { return shard_elements(pb); }
 
@@ -550,6 +575,9 @@ class Lowerer {
     }
     const bool reads_params = n.kind != NodeKind::BW;
     const bool writes_grads = n.kind == NodeKind::B || n.kind == NodeKind::BW;
+    // a tensor-parallel group runs a segment it does not split alike on every rank: one rank's weight gradients
+    const int group = g_.sets[size_t(set_)].tp;
+    if (writes_grads && group > 1 && !(seg.shards > 1 && seg.type->tp_split)) in.weight_grads_block = group;
     const auto& params = seg.params;
     for (size_t i = 0; i < params.size(); ++i) {
       int gb = graph_bucket_of_param(params[i]);
@@ -632,6 +660,13 @@ class Lowerer {
   }
 
   void emit_all_reduce(const Node& n, CollectiveArgs& in) {
+    if (n.purpose == CommPurpose::Activation) {  // partial activations (or their gradients) of a tensor-parallel group
+      const int boundary = n.tensor.index;
+      in.group = group_id({GroupRef::Kind::SetBlock, {set_, g_.sets[size_t(set_)].tp}, n.stream});
+      in.buf = n.tensor.kind == TensorRef::Kind::Act ? act_buf(boundary, n.mb) : act_grad_buf(boundary, n.mb);
+      in.count = act_elems(boundary);
+      return;
+    }
     const PlanBucket& pb = plan_bucket(n.bucket);
     in.bucket = bucket_index_.at(n.bucket);
     in.group = pb.group;

@@ -79,6 +79,8 @@ struct MeshSpec {
   double bucket_mb = 25.0;
   int grad_buckets_in_flight = 2;
   int ep = 1;            // ranks per expert group, inside each stage's dp ranks (1: no expert parallelism)
+  int tp = 1;            // ranks per tensor-parallel group: each stage runs on dp · tp ranks (1: none)
+  int chunks = 1;        // interleaved-1f1b: stages per pipeline rank (stage s on rank s mod pp)
   std::string schedule;  // empty: default
   std::string recompute;  // "", "none", "full" or "selective": writes a recompute directive over every region
   SourceLoc loc;
@@ -93,13 +95,14 @@ struct Annotation {
   // segment in model order; or ([mesh] ep) every segment whose parameters can be sharded (experts)
   std::string pattern;
   bool expert_segments = false;
+  bool tp_segments = false;  // ([mesh] tp) a region per segment that tensor parallelism can split
   int index = 0;
   SourceLoc loc;
 };
 
 // One [[directive]]. Which fields are meaningful depends on `op`.
 struct Directive {
-  std::string op;  // split | place | replicate | shard | order | schedule | recompute
+  std::string op;  // split | place | replicate | shard | tp | order | schedule | recompute
   int index = 0;   // position among [[directive]] tables, 0-based
   SourceLoc loc;
   Filter filter;
@@ -113,8 +116,8 @@ struct Directive {
   double bucket_mb = 25.0;
   int grad_buckets_in_flight = 2;  // zero >= 2: full-gradient buffers alive at once (waiting on reductions)
   std::string stream = "dp";
-  // shard (and its stream above)
-  int group = 0;  // ranks per expert group; 0: the whole device set
+  // shard and tp (and the stream above)
+  int group = 0;  // shard: ranks per expert group (0: the whole device set); tp: ranks per tensor-parallel group
   // recompute
   std::string policy = "full";      // full | selective
   int every = 1;                    // every k-th eligible segment of the matched regions, in model order

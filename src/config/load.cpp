@@ -257,8 +257,12 @@ void load_mesh(TomlReader& r, MeshSpec& m) {
   m.bucket_mb = r.get_float("bucket_mb", 25.0, 0.0, 1e6, true);
   m.grad_buckets_in_flight = int(r.get_int("grad_buckets_in_flight", 2, 1, 1 << 20));
   m.ep = int(r.get_int("ep", 1, 1, 1 << 24));
+  m.tp = int(r.get_int("tp", 1, 1, 1 << 20));
+  m.chunks = int(r.get_int("chunks", 1, 1, 1 << 16));
   m.schedule = r.get_string("schedule", "", kScheduleKinds);
   m.recompute = r.get_string("recompute", "", {"none", "full", "selective"});
+  if (m.chunks > 1 && m.schedule != "interleaved-1f1b")
+    r.error_msg("chunks", cat("chunks = ", m.chunks, " stages per pipeline rank need schedule = \"interleaved-1f1b\""));
   r.finish();
 }
 
@@ -360,9 +364,10 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
     d.index = index;
     d.loc = r.loc();
     if (!r.has("op"))
-      r.error("op", "one of \"split\", \"place\", \"replicate\", \"shard\", \"order\", \"schedule\", \"recompute\"",
+      r.error("op",
+              "one of \"split\", \"place\", \"replicate\", \"shard\", \"tp\", \"order\", \"schedule\", \"recompute\"",
               nullptr);
-    d.op = r.get_string("op", "", {"split", "place", "replicate", "shard", "order", "schedule", "recompute"});
+    d.op = r.get_string("op", "", {"split", "place", "replicate", "shard", "tp", "order", "schedule", "recompute"});
     auto filter_or_all = [&](bool required) {
       const toml::node* f = r.get_node("filter");
       if (!f) {
@@ -400,6 +405,11 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       d.filter = filter_or_all(true);
       d.stream = r.get_string("stream", "ep");
       d.group = int(r.get_int("group", 0, 1, 1 << 24));
+    } else if (d.op == "tp") {
+      d.filter = filter_or_all(false);
+      d.stream = r.get_string("stream", "tp");
+      if (!r.has("group")) r.error("group", "an integer >= 2 (ranks per tensor-parallel group)", nullptr);
+      d.group = int(r.get_int("group", 0, 2, 1 << 20));
     } else if (d.op == "recompute") {
       d.filter = filter_or_all(false);
       d.policy = r.get_string("policy", "full", {"full", "selective"});

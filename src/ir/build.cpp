@@ -39,12 +39,17 @@ bool glob_match(const char* pattern, const char* name) {
 std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annotation& a) {
   const int S = int(model.segments.size());
   std::vector<std::pair<int, int>> out;
-  if (!a.pattern.empty() || a.expert_segments) {  // a region per matching segment
+  if (!a.pattern.empty() || a.expert_segments || a.tp_segments) {  // a region per matching segment
     for (int s = 0; s < S; ++s) {
       const Segment& seg = model.segments[size_t(s)];
-      if (a.expert_segments ? seg.type->shard_units != nullptr : glob_match(a.pattern.c_str(), seg.name.c_str()))
-        out.push_back({s, s});
+      const bool match = a.expert_segments ? seg.type->shard_units != nullptr
+                         : a.tp_segments   ? seg.type->tp_split != nullptr
+                                           : glob_match(a.pattern.c_str(), seg.name.c_str());
+      if (match) out.push_back({s, s});
     }
+    if (out.empty() && a.tp_segments)
+      throw UserError(cat(a.loc.str(), ": mesh.tp asks for tensor parallelism, but no segment of the ", model.kind,
+                          " model can be split over ranks"));
     if (out.empty() && a.expert_segments)
       throw UserError(cat(a.loc.str(), ": mesh.ep asks for expert parallelism, but the ", model.kind,
                           " model has no experts (set model.moe, or remove ep)"));

@@ -89,6 +89,10 @@ struct Region {
   int shard_directive = -1;
   int shard_group = 0;
   std::string shard_stream = "ep";
+  // tensor parallelism (the tp pass): its segments that can be split run over each tensor-parallel group of the
+  // set (DeviceSet::tp consecutive ranks), the others on every rank of the group alike
+  int tp_directive = -1;
+  std::string tp_stream = "tp";
   bool split_backward = false;
   std::string label() const;
 };
@@ -97,6 +101,9 @@ struct DeviceSet {
   std::vector<int> ranks;
   int directive = -1;  // the place directive that made it
   std::string origin;  // that directive, described for messages
+  // ranks per tensor-parallel group (the tp pass): the consecutive ranks [j·tp, (j+1)·tp) of the set work on the
+  // same samples; the set holds ranks / tp data-parallel replicas
+  int tp = 1;
 };
 
 // Parameters reduced/gathered/updated together; buckets never span regions.
@@ -105,6 +112,10 @@ struct Bucket {
   std::vector<int> params;  // model parameter indices
   int64_t numel = 0;        // sum of parameter sizes (before padding)
   bool tied_copy = false;   // a copy of a parameter whose home is another device set's region
+  // Ranks that hold one part each (1: every rank holds all of it): the expert groups of a sharded region (whole
+  // experts each), or a tensor-parallel group (`tp_pieces`: every parameter cut into pieces, ParamSplit)
+  int slices = 1;
+  bool tp_pieces = false;
 };
 
 struct Graph {

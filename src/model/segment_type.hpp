@@ -65,8 +65,21 @@ struct SegmentIO {
 
 using SegmentFn = void (*)(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io);
 
+// How a tensor-parallel segment's parameter is held by the k ranks of a tensor-parallel group. Split: rank t holds
+// piece t of the flattened tensor seen as (outer, k, inner) — for o < outer the elements [o·k·inner + t·inner,
+// + inner), one after another (outer·inner elements). A (R, C) matrix split by rows is {1, R·C/k}; by columns
+// {R, C/k} (then the piece is the (R, C/k) matrix of its columns). Copy (outer = 0): every rank holds the whole
+// tensor, and its gradient is partial: the sum over the group's ranks is the gradient.
+struct ParamSplit {
+  int64_t outer = 0, inner = 0;
+  bool split() const { return outer > 0; }
+  static ParamSplit rows(int64_t r, int64_t c, int k) { return {1, r * c / k}; }
+  static ParamSplit cols(int64_t r, int64_t c, int k) { return {r, c / k}; }
+  static ParamSplit copy() { return {}; }
+};
+
 struct SegmentType {
-  std::string name;                  // "gpt2.block": how plans name it
+  std::string name;                  // "gpt2.attention": how plans name it
   DataSlot data = DataSlot::None;    // data loaded before the forward
   bool reads_input = true;           // takes the previous segment's activation (false: starts from data)
   bool computes_loss = false;        // last segment: no output; its backward starts from the loss
@@ -88,6 +101,12 @@ struct SegmentType {
   // Shardable segments: their parameters come in this many equal parts (experts), which the shard
   // directive spreads over a device set's ranks; input and output are then exchanged (ragged rows).
   int (*shard_units)(const ModelDims& d) = nullptr;
+  // Tensor-parallel segments: with Segment::shards = k > 1, rank SegmentIO::shard of a group of k runs its part —
+  // parameter `slot` held as tp_split(d, slot, k) says — and its output, its input's gradient and the gradients
+  // of its copied parameters are partial: their sum over the group is the whole (so the residual and any bias
+  // after a split matmul are added by shard 0 alone). tp_refusal: why k ranks cannot split it ("" when they can).
+  ParamSplit (*tp_split)(const ModelDims& d, int slot, int k) = nullptr;
+  std::string (*tp_refusal)(const ModelDims& d, int k) = nullptr;
   // Routing segments (a mixture of experts' router): the experts they route to. Their forward adds, per step,
   // a RoutingStats block to SegmentIO::routing: the assignments each expert was chosen for, then the dropped.
   int (*routed_experts)(const ModelDims& d) = nullptr;

@@ -57,12 +57,13 @@ ScheduleContext schedule_context(const Graph& g, const JobSpec& spec, const std:
 }  // namespace
 
 std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
-  std::vector<Directive> splits, places, replicates, shards, orders, schedules, recomputes;
+  std::vector<Directive> splits, places, replicates, shards, tps, orders, schedules, recomputes;
   for (const auto& d : spec.directives) {
     if (d.op == "split") splits.push_back(d);
     else if (d.op == "place") places.push_back(d);
     else if (d.op == "replicate") replicates.push_back(d);
     else if (d.op == "shard") shards.push_back(d);
+    else if (d.op == "tp") tps.push_back(d);
     else if (d.op == "order") orders.push_back(d);
     else if (d.op == "schedule") schedules.push_back(d);
     else if (d.op == "recompute") recomputes.push_back(d);
@@ -105,8 +106,11 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   for (const auto& d : splits) apply_split(g, d);
   apply_split_backward(g, orders);
   apply_place(g, places);
+  for (const auto& d : tps) mark_tensor_parallel(g, d);
+  check_tensor_parallel_sets(g);
 
-  const int replicas = int(g.sets[0].ranks.size());
+  // a tensor-parallel group works on the same samples: a set's replicas are its groups
+  const int replicas = int(g.sets[0].ranks.size()) / g.sets[0].tp;
   if (g.global_batch % replicas != 0)
     throw UserError(cat("data.batch = ", g.global_batch, " does not divide among the ", replicas,
                         " replicas of each device set; use a multiple of ", replicas));
@@ -121,6 +125,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   insert_send_recv(g);
   for (const auto& d : shards) mark_shard(g, d);
   for (const auto& d : replicates) mark_replicate(g, d);
+  reduce_tensor_parallel_regions(g);
   for (const auto& r : g.regions) {
     const auto& set = g.sets[size_t(r.device_set)];
     if (set.ranks.size() > 1 && r.zero < 0 && has_copies(g, r)) {
@@ -133,6 +138,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   }
   make_buckets(g);
   insert_exchanges(g);
+  insert_tensor_parallel_sums(g);
   insert_replication(g);
   insert_tied_sync(g);
   apply_orders(g, orders);  // and the cycle check of the whole graph

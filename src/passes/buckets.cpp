@@ -1,9 +1,11 @@
 // Groups each region's parameters into buckets of about bucket_mb megabytes, in backward order, on
 // segment boundaries. A parameter used by regions on two device sets (the tied embedding) gets a bucket
 // of its own on each side, so that the copies can be summed with one collective.
+#include <algorithm>
 #include <map>
 #include <set>
 
+#include "model/segment_type.hpp"
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 
@@ -36,14 +38,37 @@ void make_buckets(Graph& g) {
   for (const auto& r : g.regions) {
     // a sharded region's parameters form one bucket, so that each rank's slice is whole experts
     const double limit = r.shard_directive >= 0 ? 1e300 : r.bucket_mb * 1024.0 * 1024.0;
+    const int slices = r.shard_directive >= 0 ? std::max(1, r.shard_group) : 1;
     Bucket cur;
     cur.region = r.id;
+    cur.slices = slices;
     std::set<int> seen;
     auto close = [&] {
       if (!cur.params.empty()) g.buckets.push_back(cur);
       cur = Bucket{};
       cur.region = r.id;
+      cur.slices = slices;
     };
+    // A split segment's split parameters form one bucket of its own, cut into the group's pieces (the other
+    // parameters, held whole by every rank of the group, join the region's buckets below).
+    for (int s = r.seg_begin; s < r.seg_end; ++s) {
+      const Segment& seg = m.segments[size_t(s)];
+      const int k = g.segment_shards[size_t(s)];
+      if (k <= 1 || !seg.type->tp_split) continue;
+      Bucket pieces;
+      pieces.region = r.id;
+      pieces.slices = k;
+      pieces.tp_pieces = true;
+      for (size_t slot = 0; slot < seg.params.size(); ++slot) {
+        const int p = seg.params[slot];
+        if (!seg.type->tp_split(m.dims, int(slot), k).split() || seen.count(p)) continue;
+        PIPER_CHECK(users[size_t(p)].size() == 1, "split parameter ", m.params[size_t(p)].name, " is used on two sets");
+        seen.insert(p);
+        pieces.params.push_back(p);
+        pieces.numel += m.params[size_t(p)].numel;
+      }
+      if (!pieces.params.empty()) g.buckets.push_back(pieces);
+    }
     // A parameter joins the bucket of the lowest segment using it: backward reaches that one last, so the
     // bucket is complete exactly when its last gradient contribution is (the tied embedding waits for the
     // embedding's backward, not the head's).

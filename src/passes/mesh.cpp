@@ -1,7 +1,8 @@
 // [mesh] shorthand: pp pipeline stages (even layer split unless [[annotate]] says otherwise), dp replicas
 // per stage on ranks stage + pp·replica, a split into microbatches, replicate with the ZeRO level, expert
-// groups of ep ranks inside each stage's dp (a region per expert segment, sharded), activation recompute and a
-// schedule. Only what the job does not already state is generated; generated directives say so.
+// groups of ep ranks inside each stage's dp (a region per expert segment, sharded), tensor-parallel groups of tp
+// neighbouring ranks (a region per segment that can be split), activation recompute and a schedule. Only what
+// the job does not already state is generated; generated directives say so.
 #include "passes/passes.hpp"
 #include "util/error.hpp"
 
@@ -10,10 +11,14 @@ namespace piper {
 void expand_mesh(JobSpec& spec, int world) {
   const MeshSpec& mesh = spec.mesh;
   if (!mesh.present) return;
-  if (mesh.pp * mesh.dp != world)
-    throw UserError(cat(mesh.loc.str(), ": [mesh] pp = ", mesh.pp, " × dp = ", mesh.dp, " = ", mesh.pp * mesh.dp,
-                        " ranks, but the job runs on ", world, " rank", world == 1 ? "" : "s",
-                        "; run with -np ", mesh.pp * mesh.dp, " or change [mesh]"));
+  const int64_t ranks = int64_t(mesh.pp) * mesh.dp * mesh.tp;
+  if (ranks != world)
+    throw UserError(cat(mesh.loc.str(), ": [mesh] pp = ", mesh.pp, " × dp = ", mesh.dp,
+                        mesh.tp > 1 ? cat(" × tp = ", mesh.tp) : std::string(), " = ", ranks,
+                        " ranks, but the job runs on ", world, " rank", world == 1 ? "" : "s", "; run with -np ", ranks,
+                        " or change [mesh]"));
+  if (mesh.tp > 1 && mesh.ep > 1)
+    throw UserError(cat(mesh.loc.str(), ": [mesh] tp and ep together are not supported yet; use one of them"));
   auto has_op = [&](const std::string& op) {
     for (const auto& d : spec.directives)
       if (d.op == op) return true;
@@ -24,14 +29,16 @@ void expand_mesh(JobSpec& spec, int world) {
                         "; use a divisor of dp (ep = dp spreads every layer's experts over all replicas)"));
   const int L = spec.model.n_layers;
   // DualPipeV runs two stages on each pipeline rank, in a V: stage s on rank s, stage 2·pp − 1 − s back on it
+  // interleaved 1F1B with chunks: stage s on rank s mod pp
   const bool v_shape = mesh.schedule == "dualpipev";
-  const int stages = v_shape ? 2 * mesh.pp : mesh.pp;
-  auto rank_of_stage = [&](int s) { return s < mesh.pp ? s : 2 * mesh.pp - 1 - s; };
+  const int stages = v_shape ? 2 * mesh.pp : mesh.chunks * mesh.pp;
+  auto rank_of_stage = [&](int s) { return v_shape ? (s < mesh.pp ? s : 2 * mesh.pp - 1 - s) : s % mesh.pp; };
   bool has_pp = false;
   for (const auto& a : spec.annotations) has_pp |= a.tag == "PP";
   if (mesh.pp > 1 && !has_pp) {
     if (stages > L)
-      throw UserError(cat(mesh.loc.str(), ": mesh.pp = ", mesh.pp, " needs ", stages, " stages", v_shape ? " (DualPipeV: 2 per rank)" : "",
+      throw UserError(cat(mesh.loc.str(), ": mesh.pp = ", mesh.pp, " needs ", stages, " stages",
+                        v_shape ? " (DualPipeV: 2 per rank)" : (mesh.chunks > 1 ? cat(" (", mesh.chunks, " per rank)") : ""),
                           " but the model has only ", L, " layers"));
     Annotation a;
     a.tag = "PP";
@@ -64,13 +71,31 @@ void expand_mesh(JobSpec& spec, int world) {
       added.push_back(d);
     }
   }
-  if (!has_op("place") && (mesh.pp > 1 || mesh.dp > 1)) {
+  if (!has_op("place") && (mesh.pp > 1 || mesh.dp > 1 || mesh.tp > 1)) {
+    // a tensor-parallel group is tp neighbouring ranks (one node's links); its stage's other groups follow pp·tp apart
     for (int s = 0; s < (mesh.pp > 1 ? stages : 1); ++s) {
       Directive d = make("place");
       if (mesh.pp > 1) d.filter.match["PP"] = TagMatch{TagMatch::Kind::Int, s, ""};
-      for (int r = 0; r < mesh.dp; ++r) d.devices.push_back(rank_of_stage(s) + mesh.pp * r);
+      for (int r = 0; r < mesh.dp * mesh.tp; ++r)
+        d.devices.push_back(r % mesh.tp + mesh.tp * (rank_of_stage(s) + mesh.pp * (r / mesh.tp)));
       added.push_back(d);
     }
+  }
+  if (!has_op("tp") && mesh.tp > 1) {
+    bool has_tp = false;
+    for (const auto& a : spec.annotations) has_tp |= a.tag == "TP";
+    if (!has_tp) {  // a region per segment that can be split
+      Annotation a;
+      a.tag = "TP";
+      a.index = int(spec.annotations.size());
+      a.loc = mesh.loc;
+      a.tp_segments = true;
+      spec.annotations.push_back(a);
+    }
+    Directive d = make("tp");  // every region: the others run alike on each rank of a group
+    d.group = mesh.tp;
+    d.stream = "tp";
+    added.push_back(d);
   }
   if (!has_op("replicate") && mesh.dp > 1) {
     Directive d = make("replicate");

@@ -20,6 +20,16 @@ int copies(const Graph& g, const Region& r);
 bool has_copies(const Graph& g, const Region& r);  // more than one such rank, or a region that is not sharded
 void mark_shard(Graph& g, const Directive& d);
 void insert_exchanges(Graph& g);
+// Ranks holding the same part of bucket b: its set's ranks over the bucket's slices.
+int bucket_copies(const Graph& g, const Bucket& b);
+// tensor_parallel.cpp: marks the regions and sets of a tp directive, and the segments it splits
+// (Graph::segment_shards); every set must then have one group size; a region of a set made of one group alone is
+// reduced over it (its parameters' gradients are partial); an ALL_REDUCE after every partial activation and
+// input gradient.
+void mark_tensor_parallel(Graph& g, const Directive& d);
+void check_tensor_parallel_sets(const Graph& g);
+void reduce_tensor_parallel_regions(Graph& g);
+void insert_tensor_parallel_sums(Graph& g);
 void insert_replication(Graph& g);
 void insert_tied_sync(Graph& g);
 // Every order directive, in the given order, then one cycle check of the whole graph: a cycle names the
@@ -34,7 +44,7 @@ bool region_uses_bucket(const Graph& g, int region, int bucket);
 bool writes_grads(const Node& n);
 
 // Expands [mesh] into annotations and directives (only what the job does not already say).
-// `world` is the number of ranks the job runs on; pp × dp must equal it.
+// `world` is the number of ranks the job runs on; pp × dp × tp must equal it.
 void expand_mesh(JobSpec& spec, int world);
 
 // Runs every pass; schedule directives are expanded into order directives first. Returns the

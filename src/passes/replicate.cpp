@@ -19,6 +19,11 @@ int copies(const Graph& g, const Region& r) {
 
 bool has_copies(const Graph& g, const Region& r) { return r.shard_directive < 0 || copies(g, r) > 1; }
 
+int bucket_copies(const Graph& g, const Bucket& b) {
+  const Region& r = g.regions[size_t(b.region)];
+  return int(g.sets[size_t(r.device_set)].ranks.size()) / b.slices;
+}
+
 void mark_replicate(Graph& g, const Directive& d) {
   for (const auto& [tag, m] : d.filter.match)
     if (tag == "MB" || tag == "PASS")
@@ -58,7 +63,7 @@ void insert_replication(Graph& g) {
   std::vector<char> replicated_set(g.sets.size(), 0);
   for (size_t b = 0; b < g.buckets.size(); ++b) {
     const Region& r = g.regions[size_t(g.buckets[b].region)];
-    if (r.zero < 0 || copies(g, r) == 1) continue;
+    if (r.zero < 0 || bucket_copies(g, g.buckets[b]) == 1) continue;
     replicated_set[size_t(r.device_set)] = 1;
     std::vector<int> writers, users;
     int update = -1;
@@ -118,12 +123,16 @@ void insert_replication(Graph& g) {
       }
     }
   }
-  // Gradients of replicated sets now reach the step sync through their collectives; those of experts held
-  // once per set (never reduced) keep their direct edge.
+  // Gradients of replicated sets now reach the step sync through their collectives; those of a region with a
+  // bucket held once (experts once per set, a tensor-parallel piece without replicas: never reduced) keep their
+  // direct edge.
+  std::vector<char> held_once(g.regions.size(), 0);
+  for (const Bucket& b : g.buckets)
+    if (g.regions[size_t(b.region)].zero < 0 || bucket_copies(g, b) == 1) held_once[size_t(b.region)] = 1;
   for (auto& e : g.edges) {
     if (e.removed || e.to != sync || e.tensor.kind != TensorRef::Kind::Grads) continue;
     const Node& from = g.nodes[size_t(e.from)];
-    const bool single = from.region >= 0 && !has_copies(g, g.regions[size_t(from.region)]);
+    const bool single = from.region >= 0 && held_once[size_t(from.region)];
     if (writes_grads(from) && !single && from.device_set >= 0 && replicated_set[size_t(from.device_set)])
       e.removed = true;
   }

@@ -100,6 +100,11 @@ class PlanCheck {
       require(a.type == b.type && a.name == b.name && a.layer == b.layer && a.params == b.params &&
                   a.fwd_flops_per_sample == b.fwd_flops_per_sample && a.tail_flops_per_sample == b.tail_flops_per_sample,
               "segment ", i, " differs from what the model's dimensions give");
+      if (a.type->tp_split && a.shards > 1) {  // a tensor-parallel group's part
+        const std::string why = a.type->tp_refusal ? a.type->tp_refusal(d, a.shards) : std::string();
+        require(why.empty(), "segment ", i, " split over ", a.shards, " ranks: ", why);
+        continue;
+      }
       const int units = a.type->shard_units ? a.type->shard_units(d) : 1;
       require(a.shards >= 1 && units % a.shards == 0, "segment ", i, " in ", a.shards, " shards of ", units, " units");
     }
@@ -172,6 +177,10 @@ class PlanCheck {
     index(p_.rank, size_t(p_.world), "rank");
     index(p_.replica, size_t(replicas_), "replica");
     require(p_.microbatches >= 1 && p_.samples_per_replica >= 1, "microbatches or samples per replica below 1");
+    require(p_.data_sharing >= 1 && p_.data_sharing <= p_.world, "replicas sharing samples: ", p_.data_sharing);
+    for (const auto& set : p_.sets)
+      require(set.size() % size_t(p_.data_sharing) == 0, "a set of ", set.size(), " ranks in blocks of ", p_.data_sharing,
+              " sharing samples");
     for (size_t i = 0; i < p_.all_groups.size(); ++i) {
       where_ = cat("group ", i, " of the job");
       group(p_.all_groups[i]);
@@ -248,12 +257,27 @@ class PlanCheck {
       where_ = cat("plan parameter ", i);
       const PlanParam& pp = p_.plan_params[i];
       index(pp.model_param, p_.params.size(), "model parameter");
-      require(slot_[size_t(pp.model_param)] < 0, "model parameter ", pp.model_param, " placed twice");
-      slot_[size_t(pp.model_param)] = int32_t(i);
       index(pp.bucket, p_.buckets.size(), "bucket");
-      // inside the bucket, or inside one slice of a sliced bucket
       const PlanBucket& pb = p_.buckets[size_t(pp.bucket)];
-      const int64_t numel = p_.params[size_t(pp.model_param)].numel;
+      // a parameter is placed once, or once per piece (each in its slice, cut the same way)
+      const int64_t whole = p_.params[size_t(pp.model_param)].numel;
+      if (pp.piece < 0) {
+        require(slot_[size_t(pp.model_param)] < 0, "model parameter ", pp.model_param, " placed twice");
+      } else {
+        require(pb.slices > 1 && pp.piece < pb.slices && pp.split_outer > 0 && pp.split_inner > 0 &&
+                    pp.split_outer <= whole && pp.split_inner <= whole / pp.split_outer &&
+                    pp.split_outer * pp.split_inner * pb.slices == whole && pb.slice_numel() > 0 &&
+                    pp.offset / pb.slice_numel() == pp.piece,
+                "piece ", pp.piece, " (", pp.split_outer, " x ", pp.split_inner, ") of parameter ", pp.model_param,
+                " does not cut its ", whole, " elements into the bucket's ", pb.slices, " slices");
+        const int32_t first = slot_[size_t(pp.model_param)];
+        require(first < 0 || (p_.plan_params[size_t(first)].piece >= 0 &&
+                              pp.offset % pb.slice_numel() == p_.plan_params[size_t(first)].offset % pb.slice_numel()),
+                "model parameter ", pp.model_param, " placed twice");
+      }
+      if (slot_[size_t(pp.model_param)] < 0) slot_[size_t(pp.model_param)] = int32_t(i);
+      // inside the bucket, or inside one slice of a sliced bucket
+      const int64_t numel = pp.piece < 0 ? whole : whole / pb.slices;
       const int64_t span = pb.slices > 1 ? pb.slice_numel() : pb.padded;
       const int64_t at = pb.slices > 1 && span > 0 ? pp.offset % span : pp.offset;
       require(pp.offset >= 0 && numel >= 0 && numel <= span && at <= span - numel &&
@@ -267,7 +291,8 @@ class PlanCheck {
   // sliced bucket only the replicas holding its slice have it, at the offset within the slice.
   void param_range(int32_t b, const PlanParam& pp, const char* role) const {
     const PlanBucket& pb = p_.buckets[size_t(pp.bucket)];
-    const int64_t numel = p_.params[size_t(pp.model_param)].numel;
+    const int64_t numel = pp.piece < 0 ? p_.params[size_t(pp.model_param)].numel
+                                       : p_.params[size_t(pp.model_param)].numel / pb.slices;
     if (pb.slices == 1) return floats(b, pp.offset, numel, false, role);
     if (pb.slice_numel() > 0) floats(b, pp.offset % pb.slice_numel(), numel, false, role);
   }
@@ -284,6 +309,9 @@ class PlanCheck {
     require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
             "samples ", in.sample_offset, "+", in.samples, " outside the replica's ", p_.samples_per_replica);
     require(std::isfinite(in.loss_scale), "loss scale is not finite");
+    require(in.weight_grads_block >= 1 && in.weight_grads_block <= p_.data_sharing &&
+                p_.data_sharing % in.weight_grads_block == 0,
+            "weight gradients in blocks of ", in.weight_grads_block, " replicas, of ", p_.data_sharing, " sharing samples");
     // The executor dereferences every buffer field set; those the instruction does not declare would
     // escape its waits and use counts.
     if (fwd) require(in.dout == -1 && in.din == -1, "a forward with gradient buffers");

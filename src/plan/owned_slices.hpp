@@ -33,12 +33,18 @@ inline BucketRange owned_range(const PlanBucket& b, int replica, bool sharded) {
   return {base + i * shard, std::min(end, base + (i + 1) * shard)};
 }
 
+// Elements a plan parameter holds in its bucket: the whole parameter, or its tensor-parallel piece.
+inline int64_t plan_param_elements(const Plan& plan, const PlanParam& pp) {
+  const int64_t numel = plan.params[size_t(pp.model_param)].numel;
+  return pp.piece < 0 ? numel : numel / plan.buckets[size_t(pp.bucket)].slices;
+}
+
 // The part of one parameter inside a bucket range: bucket elements [begin, end).
 struct ParamPiece {
   const PlanParam* pp = nullptr;
   int64_t begin = 0, end = 0;
   int64_t count() const { return end - begin; }
-  int64_t param_begin() const { return begin - pp->offset; }  // first element of the parameter in the piece
+  int64_t param_begin() const { return begin - pp->offset; }  // first element of the plan parameter in the piece
 };
 
 // Calls fn(ParamPiece) for every parameter of bucket `bucket` that overlaps `range`, in plan order.
@@ -46,9 +52,23 @@ template <typename Fn>
 void for_each_param_piece(const Plan& plan, int32_t bucket, BucketRange range, Fn&& fn) {
   for (const PlanParam& pp : plan.plan_params) {
     if (pp.bucket != bucket) continue;
-    const int64_t numel = plan.params[size_t(pp.model_param)].numel;
+    const int64_t numel = plan_param_elements(plan, pp);
     const int64_t begin = std::max(range.lo, pp.offset), end = std::min(range.hi, pp.offset + numel);
     if (begin < end) fn(ParamPiece{&pp, begin, end});
+  }
+}
+
+// Where elements [at, at + count) of a plan parameter lie in the whole parameter: fn(element, at, n) for runs of n
+// consecutive elements, in order. One run for a whole parameter; a tensor-parallel piece t of k is the flattened
+// tensor seen as (outer, k, inner), its element e = o·inner + i being element o·k·inner + t·inner + i.
+template <typename Fn>
+void for_each_element_run(const PlanParam& pp, int pieces, int64_t at, int64_t count, Fn&& fn) {
+  if (pp.piece < 0) return fn(at, at, count);
+  const int64_t inner = pp.split_inner, end = at + count;
+  for (int64_t e = at; e < end;) {
+    const int64_t o = e / inner, i = e % inner, n = std::min(inner - i, end - e);
+    fn((o * pieces + pp.piece) * inner + i, e, n);
+    e += n;
   }
 }
 

@@ -9,6 +9,13 @@
 
 namespace piper {
 
+double instr_forward_flops(const Plan& p, const Instr& in) {
+  const ComputeArgs& c = in.compute();
+  const Segment& s = p.segments[size_t(c.segment)];
+  const double flops = in.op == Op::Recompute && c.stash_tail >= 0 ? s.tail_flops_per_sample : s.fwd_flops_per_sample;
+  return s.shards > 1 && s.type->tp_split ? flops / s.shards : flops;
+}
+
 const char* buffer_kind_name(BufferKind k) {
   switch (k) {
     case BufferKind::Param: return "parameters";

@@ -13,7 +13,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 12;
+constexpr uint32_t kPlanVersion = 13;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -28,13 +28,16 @@ struct PlanBuffer {
   std::string name;         // for printing and traces
 };
 
-// A parameter present on this rank: where it lives inside its bucket.
+// A parameter present on this rank: where it lives inside its bucket. In a bucket of tensor-parallel pieces
+// (PlanBucket::slices pieces) each parameter has one entry per piece: piece t, in slice t (owned_slices.hpp).
 struct PlanParam {
   int32_t model_param = -1;  // index into Plan::params
   int32_t bucket = -1;
   int64_t offset = 0;        // elements from the bucket start
   bool home = true;          // false: a tied copy (not counted in the norm, not saved)
-  uint8_t padding0_[7] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
+  uint8_t padding0_[3] = {};  // explicit, so that the plan (which copies these bytes) is the same every run
+  int32_t piece = -1;        // -1: the whole parameter; else its piece t as the ParamSplit {outer, inner} says
+  int64_t split_outer = 0, split_inner = 0;
 };
 
 // What a collective group is, independently of which replica runs the plan.
@@ -108,6 +111,7 @@ struct Plan {
   std::vector<GroupRef> all_groups;        // every group of the job, for communicator creation
   int microbatches = 1;
   int samples_per_replica = 0;
+  int data_sharing = 1;  // consecutive replicas [j·k, (j+1)·k) of a set read the same samples (k; 1: each its own)
 
   // ---- body: shared by the replicas of one device set ----
   int set = -1;
@@ -136,12 +140,9 @@ void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<in
 // Bytes this rank sends for `in` in a group of `group_size` ranks (its op's SendRule).
 double instr_send_bytes(const Instr& in, int group_size);
 // The forward FLOPs per sample a compute instruction's FLOP count is a multiple of (op_table.hpp): the segment's
-// forward, or for a rerun of a stash's tail (selective recompute) the part of it that rerun redoes.
-inline double instr_forward_flops(const Plan& p, const Instr& in) {
-  const ComputeArgs& c = in.compute();
-  const Segment& s = p.segments[size_t(c.segment)];
-  return in.op == Op::Recompute && c.stash_tail >= 0 ? s.tail_flops_per_sample : s.fwd_flops_per_sample;
-}
+// forward, or for a rerun of a stash's tail (selective recompute) the part of it that rerun redoes; of a segment
+// split over a tensor-parallel group, this rank's part.
+double instr_forward_flops(const Plan& p, const Instr& in);
 
 // Serialization: body and job-wide part together; the binding separately so bodies are shared.
 std::vector<uint8_t> serialize_plan(const Plan& plan);

@@ -68,7 +68,7 @@ void fields(Io& io, Fields&... f) {
 template <typename Io>
 void payload_fields(ComputeArgs& a, Io io) {
   fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.stash_tail, a.wstash, a.dout, a.din, a.link,
-         a.loss_scale, a.pbuf, a.gbuf, a.overwrite);
+         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.weight_grads_block);
 }
 template <typename Io>
 void payload_fields(UpdateArgs& a, Io io) {
@@ -223,6 +223,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   for (const auto& g : p.all_groups) put_group(w, g);
   w.put<int32_t>(p.microbatches);
   w.put<int32_t>(p.samples_per_replica);
+  w.put<int32_t>(p.data_sharing);
   // body
   w.put<int32_t>(p.set);
   w.put<uint32_t>(uint32_t(p.streams.size()));
@@ -315,6 +316,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   for (uint32_t i = 0; i < ng; ++i) p.all_groups.push_back(get_group(r));
   p.microbatches = r.get<int32_t>();
   p.samples_per_replica = r.get<int32_t>();
+  p.data_sharing = r.get<int32_t>();
   p.set = r.get<int32_t>();
   uint32_t nstreams = r.get_count(4);
   for (uint32_t i = 0; i < nstreams; ++i) p.streams.push_back(r.get_string());

@@ -55,7 +55,11 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
   else if (plan_.data.kind == DataConfig::Kind::Tokens) data_identity_ = file_identity(plan_.data.path);
 
   param_slot_.assign(plan_.params.size(), -1);
-  for (size_t i = 0; i < plan_.plan_params.size(); ++i) param_slot_[size_t(plan_.plan_params[i].model_param)] = int32_t(i);
+  for (size_t i = 0; i < plan_.plan_params.size(); ++i) {  // of a parameter in pieces, the piece of this replica's slice
+    const PlanParam& pp = plan_.plan_params[i];
+    if (pp.piece < 0 || pp.piece == slice_of(plan_.buckets[size_t(pp.bucket)], plan_.replica))
+      param_slot_[size_t(pp.model_param)] = int32_t(i);
+  }
 
   touched_.resize(plan_.instrs.size());
   std::vector<int32_t> reads, writes;
@@ -188,8 +192,11 @@ void Executor::init_parameters() {
     float* dst = store_.f(pb.shard_params ? pb.param_shard_buf : pb.param_buf);  // from owned.lo
     for_each_param_piece(plan_, int32_t(b), owned, [&](const ParamPiece& piece) {
       host.resize(size_t(piece.count()));
-      init_param_range(plan_.params[size_t(piece.pp->model_param)], plan_.seed, piece.param_begin(), piece.count(),
-                       host.data());
+      const ParamSpec& spec = plan_.params[size_t(piece.pp->model_param)];
+      for_each_element_run(*piece.pp, pb.slices, piece.param_begin(), piece.count(),
+                           [&](int64_t element, int64_t at, int64_t n) {
+                             init_param_range(spec, plan_.seed, element, n, host.data() + (at - piece.param_begin()));
+                           });
       k_.upload(dst + (piece.begin - owned.lo), host.data(), size_t(piece.count()) * sizeof(float));
     });
   }
@@ -414,7 +421,7 @@ void Executor::finish_reduce_scatter(const CollectiveArgs& in) {
 
 void Executor::load_data(const ComputeArgs& in, void* stash) {
   const Segment& seg = plan_.segments[size_t(in.segment)];
-  const int first = plan_.replica * plan_.samples_per_replica + in.sample_offset;
+  const int first = plan_.replica / plan_.data_sharing * plan_.samples_per_replica + in.sample_offset;
   const int n = in.samples;
   const DataSlot slot = seg.type->data;
   switch (slot) {
@@ -477,10 +484,11 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   if (in.in >= 0 && !host_counts_[size_t(in.in)].empty()) io.counts = host_counts_[size_t(in.in)].data();
   // a recomputed forward adds its loss and balance loss where nothing reads them, and no routing statistics
-  const bool rerun = op == Op::Recompute;
+  // (as does every replica of a block reading the same samples but the first: the first counts them once)
+  const bool rerun = op == Op::Recompute || plan_.replica % plan_.data_sharing != 0;
   io.loss_sum = scalars_ + (rerun ? kSinkAt : kLossAt);
   io.balance_loss = scalars_ + (rerun ? kSinkAt : kBalanceAt);
-  if (op == Op::Forward && routing_offset_[size_t(in.segment)] >= 0)
+  if (op == Op::Forward && !rerun && routing_offset_[size_t(in.segment)] >= 0)
     io.routing = scalars_ + kRoutingAt + routing_offset_[size_t(in.segment)];
   io.loss_scale = in.loss_scale;
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
@@ -506,7 +514,7 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
       io.wstash = workspace;
       io.workspace = workspace + wst;
       segment_backward_input(k_, seg, d, io);
-      segment_backward_weight(k_, seg, d, io);
+      backward_weight(in, seg, io);
       break;
     }
     case Op::BackwardInput:
@@ -516,10 +524,18 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
       break;
     case Op::BackwardWeight:
       io.wstash = in.wstash >= 0 ? store_.f(in.wstash) : nullptr;
-      segment_backward_weight(k_, seg, d, io);
+      backward_weight(in, seg, io);
       break;
     default: break;
   }
+}
+
+// The weight gradients, or where another replica of the block computes them, zeros (a first write) or nothing.
+void Executor::backward_weight(const ComputeArgs& in, const Segment& seg, const SegmentIO& io) {
+  if (plan_.replica % in.weight_grads_block == 0) return segment_backward_weight(k_, seg, plan_.dims, io);
+  for (size_t i = 0; i < seg.params.size(); ++i)
+    if (io.g[i] && !io.accumulate(int(i)))
+      k_.fill(io.g[i], 0.f, size_t(plan_.params[size_t(seg.params[i])].numel));
 }
 
 void Executor::run_update(const UpdateArgs& in) {

@@ -24,6 +24,8 @@
 
 namespace piper {
 
+struct SegmentIO;
+
 struct StepMetrics {
   double loss = 0;       // training loss of the global batch: cross-entropy + balance loss
   double balance_loss = 0;  // the segments' balance losses (mixture of experts), summed over all ranks
@@ -109,6 +111,7 @@ class Executor {
   void execute(Stream& s, int32_t i);
   void complete(Stream& s, int32_t i);
   void run_compute(Op op, const ComputeArgs& in);
+  void backward_weight(const ComputeArgs& in, const Segment& seg, const SegmentIO& io);
   void load_data(const ComputeArgs& in, void* stash);
   void run_update(const UpdateArgs& in);
   void run_step_sync(const StepSyncArgs& in);

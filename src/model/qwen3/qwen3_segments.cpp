@@ -1,10 +1,12 @@
 // Qwen3 segment math over backend kernels and the sizes of its buffers. Shapes: b sequences of T tokens,
 // n = b·T rows, C d_model, H query heads and KV key/value heads of D = head_dim, QD = H·D, KD = KV·D, F d_ff.
+// The attention and MLP halves are tensor-parallel (Megatron): on rank t of k, H, KV and F are this rank's part.
 #include "model/qwen3/qwen3_segments.hpp"
 
 #include <algorithm>
 
 #include "model/stash_carver.hpp"
+#include "util/error.hpp"
 
 namespace piper::qwen3 {
 
@@ -16,10 +18,22 @@ struct Shape {
   int b, T, n, C, H, KV, D, QD, KD, F, V;
   float eps, theta;
   bool qk_norm;
+  // With k_proj and v_proj copied (fewer key/value heads than ranks): the rank reads heads [kv0, kv0 + KV) of the
+  // kv_whole heads they hold. kv_whole = 0: it holds its own piece of them.
+  int kv0 = 0, kv_whole = 0;
   Shape(const ModelDims& d, int samples)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), H(d.n_heads), KV(d.n_kv_heads),
         D(d.head_dim), QD(d.n_heads * d.head_dim), KD(d.n_kv_heads * d.head_dim), F(d.d_ff), V(d.vocab),
         eps(float(d.norm_eps)), theta(float(d.rope_theta)), qk_norm(d.qk_norm) {}
+  // Rank `shard` of a tensor-parallel group of `shards` (tp_refusal says they divide): H/k query heads, F/k hidden
+  // units, and KV/k key/value heads or, when KV < k, the one head its query heads all read.
+  Shape(const ModelDims& d, int samples, int shards, int shard) : Shape(d, samples) {
+    if (shards <= 1) return;
+    H /= shards, F /= shards;
+    if (KV % shards == 0) KV /= shards;
+    else kv_whole = KV, kv0 = shard * KV / shards, KV = 1;
+    QD = H * D, KD = KV * D;
+  }
 };
 
 // ---------------------------------------------------------------- embedding: tokens(b,T) → x(n,C)
@@ -90,8 +104,22 @@ struct AttentionWStash {
   }
 };
 
-SegmentSizes attention_sizes(const Segment&, const ModelDims& d, int samples) {
-  Shape s(d, samples);
+// This rank's rows of k_proj or v_proj (KD, C): its piece, or within a copy those of its head.
+const float* kv_rows(const float* w, const Shape& s) { return w + int64_t(s.kv0) * s.D * s.C; }
+
+// The gradient of k_proj or v_proj from dy(n,KD): its piece, or within a copy the rows of this rank's head, the
+// others zero when overwriting (the ranks sharing a head add up in the sum over the group).
+void kv_backward_weight(Kernels& k, float* g, const float* dy, const float* h, const Shape& s, bool accumulate) {
+  const int64_t head = int64_t(s.D) * s.C;  // one head's rows
+  if (s.kv_whole > 0 && !accumulate) {
+    k.fill(g, 0.f, size_t(s.kv0 * head));
+    k.fill(g + (s.kv0 + s.KV) * head, 0.f, size_t((s.kv_whole - s.kv0 - s.KV) * head));
+  }
+  k.linear_backward_weight(g + s.kv0 * head, nullptr, dy, h, s.n, s.C, s.KD, accumulate);
+}
+
+SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  Shape s(d, samples, seg.shards, 0);
   SegmentSizes z;
   z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
   const AttentionStash st(StashParts{}, s);
@@ -113,35 +141,36 @@ void attention_norms(Kernels& k, const Shape& s, const AttentionStash& st, const
 }
 
 void attention_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   AttentionStash st(StashParts::of(io), s);
   k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kInputNorm], s.n, s.C, s.eps);  // (n,C)
   attention_norms(k, s, st, io);
 }
 
 void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   AttentionStash st(StashParts::of(io), s);
   const float* const* w = io.w;
+  const float *wk = kv_rows(w[kKProj], s), *wv = kv_rows(w[kVProj], s);  // (KD,C)
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kInputNorm], s.n, s.C, s.eps);           // (n,C)
   if (s.qk_norm) {
     k.linear_forward(st.q_pre, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);              // (n,QD)
-    k.linear_forward(st.k_pre, st.h, w[kKProj], nullptr, s.n, s.C, s.KD);              // (n,KD)
+    k.linear_forward(st.k_pre, st.h, wk, nullptr, s.n, s.C, s.KD);                     // (n,KD)
     attention_norms(k, s, st, io);                                                     // q, k normed and rotated
   } else {
     k.linear_forward(st.q, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);
-    k.linear_forward(st.k, st.h, w[kKProj], nullptr, s.n, s.C, s.KD);
+    k.linear_forward(st.k, st.h, wk, nullptr, s.n, s.C, s.KD);
     k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
     k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
   }
-  k.linear_forward(st.v, st.h, w[kVProj], nullptr, s.n, s.C, s.KD);                   // (n,KD)
+  k.linear_forward(st.v, st.h, wv, nullptr, s.n, s.C, s.KD);                          // (n,KD)
   k.gqa_attention_forward(st.y, st.lse, st.q, st.k, st.v, s.b, s.T, s.H, s.KV, s.D);  // (b,T,H,D)
-  k.linear_forward(io.out, st.y, w[kOProj], nullptr, s.n, s.QD, s.C);                 // (n,C)
-  k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                     // residual
+  k.linear_forward(io.out, st.y, w[kOProj], nullptr, s.n, s.QD, s.C);                 // (n,C), partial
+  if (io.shard == 0) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                  // residual
 }
 
 void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   AttentionStash st(StashParts::of(io), s);
   AttentionWStash ws(io.wstash, s);
   const float* const* w = io.w;
@@ -156,21 +185,21 @@ void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, co
     k.rmsnorm_backward_input(ws.dk_pre, ws.dk, st.k_pre, st.k_rstd, w[kKNorm], s.n * s.KV, s.D, false);
   }
   k.linear_backward_input(ws.dh, ws.dq_pre, w[kQProj], s.n, s.C, s.QD, false);         // d normed input (n,C)
-  k.linear_backward_input(ws.dh, ws.dk_pre, w[kKProj], s.n, s.C, s.KD, true);
-  k.linear_backward_input(ws.dh, ws.dv, w[kVProj], s.n, s.C, s.KD, true);
-  k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);                         // residual path
-  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kInputNorm], s.n, s.C, true);
+  k.linear_backward_input(ws.dh, ws.dk_pre, kv_rows(w[kKProj], s), s.n, s.C, s.KD, true);
+  k.linear_backward_input(ws.dh, ws.dv, kv_rows(w[kVProj], s), s.n, s.C, s.KD, true);  // partial over ranks
+  if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);       // residual path
+  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kInputNorm], s.n, s.C, io.shard == 0);
 }
 
 void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   AttentionStash st(StashParts::of(io), s);
   AttentionWStash ws(io.wstash, s);
   float* const* g = io.g;
   k.linear_backward_weight(g[kOProj], nullptr, io.dout, st.y, s.n, s.QD, s.C, io.accumulate(kOProj));
   k.linear_backward_weight(g[kQProj], nullptr, ws.dq_pre, st.h, s.n, s.C, s.QD, io.accumulate(kQProj));
-  k.linear_backward_weight(g[kKProj], nullptr, ws.dk_pre, st.h, s.n, s.C, s.KD, io.accumulate(kKProj));
-  k.linear_backward_weight(g[kVProj], nullptr, ws.dv, st.h, s.n, s.C, s.KD, io.accumulate(kVProj));
+  kv_backward_weight(k, g[kKProj], ws.dk_pre, st.h, s, io.accumulate(kKProj));
+  kv_backward_weight(k, g[kVProj], ws.dv, st.h, s, io.accumulate(kVProj));
   if (s.qk_norm) {
     k.rmsnorm_backward_weight(g[kQNorm], ws.dq, st.q_pre, st.q_rstd, s.n * s.H, s.D, io.accumulate(kQNorm));
     k.rmsnorm_backward_weight(g[kKNorm], ws.dk, st.k_pre, st.k_rstd, s.n * s.KV, s.D, io.accumulate(kKNorm));
@@ -187,6 +216,28 @@ uint64_t attention_scratch_estimate(const ModelDims& d, int samples, int threads
   uint64_t cpu = uint64_t(threads) * 2 * 64 * uint64_t(d.seq_len);
   uint64_t gpu = uint64_t(samples) * uint64_t(d.n_heads) * uint64_t(d.seq_len);
   return std::max(cpu, gpu) * sizeof(float);
+}
+
+// Megatron: q_proj by rows and o_proj by columns (H/k heads a rank), k_proj and v_proj by rows (KV/k heads) or
+// copied (fewer key/value heads than ranks); the norms copied.
+ParamSplit attention_tp_split(const ModelDims& d, int slot, int k) {
+  const int64_t C = d.d_model, QD = int64_t(d.n_heads) * d.head_dim, KD = int64_t(d.n_kv_heads) * d.head_dim;
+  switch (slot) {
+    case kQProj: return ParamSplit::rows(QD, C, k);                  // (QD,C)
+    case kKProj:
+    case kVProj: return d.n_kv_heads % k == 0 ? ParamSplit::rows(KD, C, k) : ParamSplit::copy();  // (KD,C)
+    case kOProj: return ParamSplit::cols(C, QD, k);                  // (C,QD)
+    default: return ParamSplit::copy();                              // input_layernorm, q_norm, k_norm
+  }
+}
+
+std::string attention_tp_refusal(const ModelDims& d, int k) {
+  const int H = d.n_heads, KV = d.n_kv_heads;
+  if (k < 1) return cat(k, " ranks: a group needs at least one");
+  if (H % k != 0) return cat(H, " query heads do not divide among ", k, " ranks");
+  if (KV % k != 0 && k % KV != 0)
+    return cat(KV, " key/value heads do not divide among ", k, " ranks, nor ", k, " ranks among them");
+  return "";
 }
 
 // ---------------------------------------------------------------- MLP half: x + down(silu(gate h) · up h)
@@ -219,8 +270,8 @@ struct MlpWStash {
   }
 };
 
-SegmentSizes mlp_sizes(const Segment&, const ModelDims& d, int samples) {
-  Shape s(d, samples);
+SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  Shape s(d, samples, seg.shards, 0);
   SegmentSizes z;
   z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
   const MlpStash st(StashParts{}, s);
@@ -232,26 +283,26 @@ SegmentSizes mlp_sizes(const Segment&, const ModelDims& d, int samples) {
 }
 
 void mlp_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   MlpStash st(StashParts::of(io), s);
   k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
   k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.F);                               // (n,F)
 }
 
 void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   MlpStash st(StashParts::of(io), s);
   const float* const* w = io.w;
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
   k.linear_forward(st.g, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);               // (n,F)
   k.linear_forward(st.u, st.h, w[kUpProj], nullptr, s.n, s.C, s.F);                 // (n,F)
   k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.F);                            // (n,F)
-  k.linear_forward(io.out, st.a, w[kDownProj], nullptr, s.n, s.F, s.C);             // (n,C)
-  k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                   // residual
+  k.linear_forward(io.out, st.a, w[kDownProj], nullptr, s.n, s.F, s.C);             // (n,C), partial
+  if (io.shard == 0) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                // residual
 }
 
 void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   const float* const* w = io.w;
@@ -259,13 +310,13 @@ void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const Se
   k.linear_backward_input(da, io.dout, w[kDownProj], s.n, s.F, s.C, false);
   k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(s.n) * s.F);
   k.linear_backward_input(ws.dh, ws.dg, w[kGateProj], s.n, s.C, s.F, false);  // (n,C)
-  k.linear_backward_input(ws.dh, ws.du, w[kUpProj], s.n, s.C, s.F, true);
-  k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);                 // residual path
-  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kPostAttentionNorm], s.n, s.C, true);
+  k.linear_backward_input(ws.dh, ws.du, w[kUpProj], s.n, s.C, s.F, true);    // partial over ranks
+  if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);  // residual path
+  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kPostAttentionNorm], s.n, s.C, io.shard == 0);
 }
 
 void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  Shape s(d, io.samples);
+  Shape s(d, io.samples, io.shards, io.shard);
   MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   float* const* g = io.g;
@@ -274,6 +325,22 @@ void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const S
   k.linear_backward_weight(g[kUpProj], nullptr, ws.du, st.h, s.n, s.C, s.F, io.accumulate(kUpProj));
   k.rmsnorm_backward_weight(g[kPostAttentionNorm], ws.dh, io.in, st.rstd, s.n, s.C,
                             io.accumulate(kPostAttentionNorm));
+}
+
+// Megatron: gate_proj and up_proj by rows, down_proj by columns (F/k hidden units a rank); the norm copied.
+ParamSplit mlp_tp_split(const ModelDims& d, int slot, int k) {
+  const int64_t C = d.d_model, F = d.d_ff;
+  switch (slot) {
+    case kGateProj:
+    case kUpProj: return ParamSplit::rows(F, C, k);    // (F,C)
+    case kDownProj: return ParamSplit::cols(C, F, k);  // (C,F)
+    default: return ParamSplit::copy();                // post_attention_layernorm
+  }
+}
+
+std::string mlp_tp_refusal(const ModelDims& d, int k) {
+  if (k < 1) return cat(k, " ranks: a group needs at least one");
+  return d.d_ff % k == 0 ? "" : cat("d_ff ", d.d_ff, " does not divide among ", k, " ranks");
 }
 
 // ---------------------------------------------------------------- head: final norm, LM head, cross-entropy
@@ -336,14 +403,16 @@ const SegmentType& attention_type() {
                              .backward_input = attention_backward_input,
                              .backward_weight = attention_backward_weight, .rerun_tail = attention_rerun_tail,
                              .scratch_floats = attention_scratch_floats,
-                             .scratch_estimate = attention_scratch_estimate};
+                             .scratch_estimate = attention_scratch_estimate, .tp_split = attention_tp_split,
+                             .tp_refusal = attention_tp_refusal};
   return t;
 }
 
 const SegmentType& mlp_type() {
   static const SegmentType t{.name = "qwen3.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
                              .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight,
-                             .rerun_tail = mlp_rerun_tail};
+                             .rerun_tail = mlp_rerun_tail, .tp_split = mlp_tp_split,
+                             .tp_refusal = mlp_tp_refusal};
   return t;
 }
 
