@@ -43,7 +43,8 @@ std::string directive_text(const Directive& d, bool full) {
     s += cat(" filter = ", d.filter.str(), d.group > 0 ? cat(", group = ", d.group) : std::string(), ", stream = \"",
              d.stream, "\"");
   } else if (d.op == "tp") {
-    s += cat(" filter = ", d.filter.str(), ", group = ", d.group, ", stream = \"", d.stream, "\"");
+    s += cat(" filter = ", d.filter.str(), ", group = ", d.group, d.sequence ? ", sequence = true" : "", ", stream = \"",
+             d.stream, "\"");
   } else if (d.op == "schedule") {
     s += cat(" kind = \"", d.kind, "\"");
   } else if (d.op == "order") {

@@ -123,9 +123,11 @@ class Kernels {
   virtual void swiglu_forward(float* a, const float* g, const float* u, size_t n) = 0;
   // dg(n) = da * u * silu'(g), du(n) = da * silu(g); no aliasing between outputs and inputs
   virtual void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) = 0;
-  // x(N,C) = w[tok] (rows of w(V,C))
+  // x(N,C) = w[tok] (rows of w(V,C)). The one shard that holds every token of vocab_embedding_forward (v0 = 0,
+  // Vl = INT_MAX, as V is not an argument): backends delegate, so the bits are that kernel's.
   virtual void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) = 0;
-  // dw(V,C) (+)= scatter-add of dx(N,C) rows by token (repeated tokens sum); accumulate=false zeroes dw first
+  // dw(V,C) (+)= scatter-add of dx(N,C) rows by token (repeated tokens sum); accumulate=false zeroes dw first.
+  // The one shard of vocab_embedding_backward (v0 = 0, Vl = V): backends delegate, so the bits are that kernel's.
   virtual void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
                                         bool accumulate) = 0;
 
@@ -150,6 +152,18 @@ class Kernels {
   // dlogits may alias probs.
   virtual void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
                                    float scale) = 0;
+
+  // ---- vocabulary-parallel token embedding: each rank holds w(Vl,C), the embedding rows of vocabulary
+  // [v0, v0 + Vl) ----
+  // x(N,C): row n = w[tok[n] − v0] where v0 <= tok[n] < v0 + Vl, else a row of zeros; the ranks' x summed (an
+  // all-reduce) is the whole vocabulary's token_embedding_forward, to the bit.
+  virtual void vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0,
+                                       int Vl) = 0;
+  // dw(Vl,C) (+)= scatter-add of the dx(N,C) rows whose token is in [v0, v0 + Vl), into row tok − v0, each row of
+  // dw summed from its prior (or 0) over its dx rows in increasing row order (deterministic: the shards' dw
+  // stacked are token_embedding_backward's, to the bit); accumulate=false zeroes dw first.
+  virtual void vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0, int Vl,
+                                        bool accumulate) = 0;
 
   // y(n) = a + b
   virtual void add(float* y, const float* a, const float* b, size_t n) = 0;

@@ -198,6 +198,14 @@ void ProfilingKernels::vocab_xent_backward(float* dlogits, const float* probs, c
                                            int v0, float scale) {
   timed("vocab_xent_backward", [&] { k_.vocab_xent_backward(dlogits, probs, targets, N, Vl, v0, scale); });
 }
+void ProfilingKernels::vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0,
+                                               int Vl) {
+  timed("vocab_embedding_forward", [&] { k_.vocab_embedding_forward(x, tok, w, N, C, v0, Vl); });
+}
+void ProfilingKernels::vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0,
+                                                int Vl, bool accumulate) {
+  timed("vocab_embedding_backward", [&] { k_.vocab_embedding_backward(dw, dx, tok, N, C, v0, Vl, accumulate); });
+}
 void ProfilingKernels::softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int V,
                                              float scale) {
   timed("softmax_xent_backward", [&] { k_.softmax_xent_backward(dlogits, probs, targets, N, V, scale); });

@@ -3,6 +3,7 @@
 // gradients, optimizer moments — then derives cross-stream waits and buffer uses (the compiler estimates memory
 // after simulating every rank's plan).
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <set>
@@ -71,6 +72,7 @@ class Lowerer {
         while (next_op < ops_.size() && issued_with(ops_[next_op], id)) {
           issue_gathers(next_op);
           if (next_op + 1 < ops_.size()) issue_gathers(next_op + 1);  // prefetch one use ahead
+          issue_regather(next_op);
           emit_compute(next_op);
           auto early = early_.find({ops_[next_op].node, ops_[next_op].segment});
           if (early != early_.end())
@@ -114,6 +116,10 @@ class Lowerer {
   std::vector<SegOp> ops_;
   std::map<std::pair<int, int>, int> gather_node_;  // (compute node, graph bucket) → gather node
   std::map<int, int> gathers_of_;                   // R node → the backward node whose gathers it uses
+  // compute node → a gather of a boundary held in parts that it reads, issued just before it: the backward's input
+  // again, or a received part
+  std::multimap<int, int> regather_;
+  std::set<int> regathered_;                        // those issued
   std::map<int, int> rerun_of_;                     // backward node → its R node (whose ops sit among its own)
   struct Gathered {
     int buf;       // instance holding the bucket's full parameters
@@ -328,10 +334,28 @@ class Lowerer {
   }
   // Elements of the activation at `boundary` (the input of that segment): what the segment before it
   // writes, at most (a bound where the size varies with routing).
-  int64_t act_elems(int boundary) const {
+  int64_t full_elems(int boundary) const {
     size_t bytes = segment_sizes(segs_[size_t(boundary)], m_.dims, b_).input_bytes;
     if (boundary > 0) bytes = std::max(bytes, segment_sizes(segs_[size_t(boundary) - 1], m_.dims, b_).out_bytes);
     return int64_t((bytes + sizeof(float) - 1) / sizeof(float));
+  }
+  // Sequence parallelism holds a boundary in parts: a rank of a tensor-parallel group holds its rows.
+  bool in_parts(int boundary) const {
+    return size_t(boundary) < g_.boundary_in_parts.size() && g_.boundary_in_parts[size_t(boundary)];
+  }
+  int64_t act_elems(int boundary) const {
+    return in_parts(boundary) ? full_elems(boundary) / g_.sets[size_t(set_)].tp : full_elems(boundary);
+  }
+  // The whole of a boundary held in parts, for one use: 'G' the forward's input, 'H' the backward's (gathered
+  // again), 'E' the backward's output gradient; 'P' a forward's partial output and 'Q' a backward's partial input
+  // gradient, each before its reduce-scatter.
+  int whole_buf(char tag, int boundary, int mb) {
+    static const std::map<char, const char*> names{
+        {'G', "act%d.mb%d.gathered"}, {'H', "act%d.mb%d.regathered"}, {'E', "dact%d.mb%d.gathered"},
+        {'P', "act%d.mb%d.partial"}, {'Q', "dact%d.mb%d.partial"}};
+    char name[64];
+    std::snprintf(name, sizeof name, names.at(tag), boundary, mb);
+    return keyed_buffer(tag, boundary, mb, uint64_t(full_elems(boundary)) * sizeof(float), BufferKind::Activation, name);
   }
   int act_buf(int boundary, int mb) {
     return keyed_buffer('A', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
@@ -369,7 +393,7 @@ class Lowerer {
   }
   // Where a rerun's output goes: the activation it recomputes is still held (the next segment's backward reads it).
   int rerun_output(int seg, int mb) {
-    return keyed_buffer('O', seg, mb, uint64_t(act_elems(seg + 1)) * sizeof(float), BufferKind::Activation,
+    return keyed_buffer('O', seg, mb, uint64_t(full_elems(seg + 1)) * sizeof(float), BufferKind::Activation,
                         cat("act", seg + 1, ".mb", mb, ".rerun"));
   }
   int wstash_buf(int seg, int mb) {
@@ -404,7 +428,11 @@ class Lowerer {
   void plan_segment_ops(const std::vector<int>& sequence) {
     for (int id : index_.gathers[size_t(set_)]) {
       const Node& n = g_.nodes[size_t(id)];
-      gather_node_[{n.gather_for, n.bucket}] = n.id;
+      if (n.purpose == CommPurpose::Activation) {  // a backward's input held in parts: for each of its readers
+        for (int ei : index_.out[size_t(id)]) regather_.emplace(g_.edges[size_t(ei)].to, n.id);
+      } else {
+        gather_node_[{n.gather_for, n.bucket}] = n.id;
+      }
     }
     for (int id : sequence) {
       const Node& n = g_.nodes[size_t(id)];
@@ -468,8 +496,19 @@ class Lowerer {
       if (g_.nodes[size_t(id)].kind != NodeKind::RECV) continue;
       size_t first = SIZE_MAX;
       for (int ei : out[size_t(id)]) {
-        auto it = compute_position.find(g_.edges[size_t(ei)].to);
+        const int to = g_.edges[size_t(ei)].to;
+        auto it = compute_position.find(to);
         if (it != compute_position.end()) first = std::min(first, it->second);
+        if (g_.nodes[size_t(to)].kind == NodeKind::ALL_GATHER && g_.nodes[size_t(to)].gather_for < 0) {
+          // a part, gathered just before the first of its readers (in compute order, as the group's stream runs)
+          hoisted_.insert(to);
+          for (int ej : out[size_t(to)]) {
+            const int reader = g_.edges[size_t(ej)].to;
+            regather_.emplace(reader, to);
+            auto jt = compute_position.find(reader);
+            if (jt != compute_position.end()) first = std::min(first, jt->second);
+          }
+        }
       }
       PIPER_CHECK(first != SIZE_MAX, "receive ", g_.nodes[size_t(id)].label(), " has no consumer on set ", set_);
       receives_for_[first].push_back(id);
@@ -513,6 +552,16 @@ class Lowerer {
       gather_target_ = buf;
       emit_node(g_.nodes[size_t(node->second)], last_compute_);
     }
+  }
+
+  // The gather of a backward's input held in parts, just before the first op that reads it (the backward, or the
+  // rerun of its forward), when the compute before it is done.
+  void issue_regather(size_t op_index) {
+    const SegOp& op = ops_[op_index];
+    auto owner = gathers_of_.find(op.node);
+    const int reader = owner != gathers_of_.end() ? owner->second : op.node;
+    for (auto [it, end] = regather_.equal_range(reader); it != end; ++it)
+      if (regathered_.insert(it->second).second) emit_node(g_.nodes[size_t(it->second)], last_compute_);
   }
 
   bool segment_uses(const SegOp& op, int gb) const {
@@ -564,20 +613,27 @@ class Lowerer {
       in.link = stash_buf(partner, mb);
     }
     if (input) in.in = exchanged(TensorRef::Kind::Act, op.segment) ? exchanged_buf('X', op.segment, mb) : act_buf(op.segment, mb);
-    if (n.kind == NodeKind::F && !is_head(seg)) in.out = act_buf(op.segment + 1, mb);
+    if (input && in_parts(op.segment)) in.in = whole_buf(n.kind == NodeKind::F ? 'G' : 'H', op.segment, mb);
+    if (n.kind == NodeKind::F && !is_head(seg))
+      in.out = in_parts(op.segment + 1) ? whole_buf('P', op.segment + 1, mb) : act_buf(op.segment + 1, mb);
     if (n.kind == NodeKind::R && !is_head(seg) && !selective(op.segment)) in.out = rerun_output(op.segment, mb);
     if (n.kind != NodeKind::F && n.kind != NodeKind::R) {
       if (!is_head(seg))
         in.dout = exchanged(TensorRef::Kind::ActGrad, op.segment + 1) ? exchanged_buf('Y', op.segment + 1, mb)
-                                                                      : act_grad_buf(op.segment + 1, mb);
-      if (input && n.kind != NodeKind::BW) in.din = act_grad_buf(op.segment, mb);
+                  : in_parts(op.segment + 1)                           ? whole_buf('E', op.segment + 1, mb)
+                                                                       : act_grad_buf(op.segment + 1, mb);
+      if (input && n.kind != NodeKind::BW)
+        in.din = in_parts(op.segment) ? whole_buf('Q', op.segment, mb) : act_grad_buf(op.segment, mb);
       if (n.kind == NodeKind::BI || n.kind == NodeKind::BW) in.wstash = wstash_buf(op.segment, mb);
     }
     const bool reads_params = n.kind != NodeKind::BW;
     const bool writes_grads = n.kind == NodeKind::B || n.kind == NodeKind::BW;
-    // a tensor-parallel group runs a segment it does not split alike on every rank: one rank's weight gradients
+    // A tensor-parallel group runs a segment it does not split (nor spread as experts, which see routed rows) alike
+    // on every rank: one rank's weight gradients, loss and statistics count. A loss segment split over the group
+    // adds the whole loss on every rank: one counts.
     const int group = g_.sets[size_t(set_)].tp;
-    if (writes_grads && group > 1 && !(seg.shards > 1 && seg.type->tp_split)) in.weight_grads_block = group;
+    const bool split = seg.shards > 1 && seg.type->tp_split;
+    if (group > 1 && ((!split && !seg.type->shard_units) || seg.type->computes_loss)) in.alike_block = group;
     const auto& params = seg.params;
     for (size_t i = 0; i < params.size(); ++i) {
       int gb = graph_bucket_of_param(params[i]);
@@ -675,6 +731,15 @@ class Lowerer {
   }
 
   void emit_reduce_scatter(const Node& n, CollectiveArgs& in) {
+    if (n.purpose == CommPurpose::Activation) {  // a partial activation (or gradient) summed into this rank's rows
+      const int b = n.tensor.index;
+      const bool forward = n.tensor.kind == TensorRef::Kind::Act;
+      in.group = group_id({GroupRef::Kind::SetBlock, {set_, g_.sets[size_t(set_)].tp}, n.stream});
+      in.src = whole_buf(forward ? 'P' : 'Q', b, n.mb);
+      in.buf = forward ? act_buf(b, n.mb) : act_grad_buf(b, n.mb);
+      in.count = act_elems(b);
+      return;
+    }
     const PlanBucket& pb = plan_bucket(n.bucket);
     in.bucket = bucket_index_.at(n.bucket);
     in.group = pb.group;
@@ -716,6 +781,20 @@ class Lowerer {
   }
 
   void emit_all_gather(const Node& n, CollectiveArgs& in) {
+    if (n.purpose == CommPurpose::Activation) {  // a tensor-parallel group's parts of an activation
+      const int k = g_.sets[size_t(set_)].tp, b = n.tensor.index;
+      const bool forward = n.tensor.kind == TensorRef::Kind::Act;
+      in.group = group_id({GroupRef::Kind::SetBlock, {set_, k}, n.stream});
+      if (!in_parts(b)) {  // each rank wrote its part in place (an output made of parts)
+        in.buf = act_buf(b, n.mb);
+        in.count = act_elems(b) / k;
+        return;
+      }
+      in.src = forward ? act_buf(b, n.mb) : act_grad_buf(b, n.mb);  // this rank's rows
+      in.buf = whole_buf(!forward ? 'E' : (n.gather_for >= 0 ? 'H' : 'G'), b, n.mb);
+      in.count = act_elems(b);
+      return;
+    }
     const PlanBucket& pb = plan_bucket(n.bucket);
     in.bucket = bucket_index_.at(n.bucket);
     in.count = shard_count(pb);

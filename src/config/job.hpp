@@ -80,6 +80,7 @@ struct MeshSpec {
   int grad_buckets_in_flight = 2;
   int ep = 1;            // ranks per expert group, inside each stage's dp ranks (1: no expert parallelism)
   int tp = 1;            // ranks per tensor-parallel group: each stage runs on dp · tp ranks (1: none)
+  bool sequence = false;  // with tp: sequence parallelism (the activations between split segments in k parts)
   int chunks = 1;        // interleaved-1f1b: stages per pipeline rank (stage s on rank s mod pp)
   std::string schedule;  // empty: default
   std::string recompute;  // "", "none", "full" or "selective": writes a recompute directive over every region
@@ -118,6 +119,7 @@ struct Directive {
   std::string stream = "dp";
   // shard and tp (and the stream above)
   int group = 0;  // shard: ranks per expert group (0: the whole device set); tp: ranks per tensor-parallel group
+  bool sequence = false;  // tp: the activations between split segments held in parts (sequence parallelism)
   // recompute
   std::string policy = "full";      // full | selective
   int every = 1;                    // every k-th eligible segment of the matched regions, in model order

@@ -259,6 +259,8 @@ void load_mesh(TomlReader& r, MeshSpec& m) {
   m.ep = int(r.get_int("ep", 1, 1, 1 << 24));
   m.tp = int(r.get_int("tp", 1, 1, 1 << 20));
   m.chunks = int(r.get_int("chunks", 1, 1, 1 << 16));
+  m.sequence = r.get_bool("sequence", false);
+  if (m.sequence && m.tp < 2) r.error_msg("sequence", "sequence = true splits the activations over a tensor-parallel group: set tp >= 2");
   m.schedule = r.get_string("schedule", "", kScheduleKinds);
   m.recompute = r.get_string("recompute", "", {"none", "full", "selective"});
   if (m.chunks > 1 && m.schedule != "interleaved-1f1b")
@@ -410,6 +412,7 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
       d.stream = r.get_string("stream", "tp");
       if (!r.has("group")) r.error("group", "an integer >= 2 (ranks per tensor-parallel group)", nullptr);
       d.group = int(r.get_int("group", 0, 2, 1 << 20));
+      d.sequence = r.get_bool("sequence", false);
     } else if (d.op == "recompute") {
       d.filter = filter_or_all(false);
       d.policy = r.get_string("policy", "full", {"full", "selective"});

@@ -83,6 +83,11 @@ std::vector<std::pair<int, int>> segment_ranges(const Model& model, const Annota
     if (first <= prev)
       throw UserError(cat(a.loc.str(), ": annotate.", a.index, ".segments: range [\"", lo, "\", \"", hi,
                           "\"] starts inside or before the previous range"));
+    // the loss segment that finishes the range's last one (sharing its state) joins the range
+    if (last + 1 < S) {
+      const Segment& next = model.segments[size_t(last) + 1];
+      if (next.type->computes_loss && next.type->link_offset < 0 && last + 1 + next.type->link_offset >= first) ++last;
+    }
     prev = last;
     out.push_back({first, last});
   }
@@ -134,6 +139,7 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
   g.regions = make_regions(model, spec.annotations);
   g.segment_shards.assign(model.segments.size(), 1);
   g.segment_recompute.assign(model.segments.size(), 0);
+  g.boundary_in_parts.assign(model.segments.size(), 0);
 
   const int R = int(g.regions.size());
   std::vector<int> fwd(static_cast<size_t>(R)), bwd(static_cast<size_t>(R)), upd(static_cast<size_t>(R));

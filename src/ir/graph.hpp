@@ -93,6 +93,7 @@ struct Region {
   // set (DeviceSet::tp consecutive ranks), the others on every rank of the group alike
   int tp_directive = -1;
   std::string tp_stream = "tp";
+  bool tp_sequence = false;  // sequence parallelism: activations between its split segments held in parts
   bool split_backward = false;
   std::string label() const;
 };
@@ -130,6 +131,9 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<Edge> edges;
   std::vector<int> segment_shards;  // per model segment: ranks its parameters are spread over (1: not sharded)
+  // per segment boundary (input index of the consuming segment; the tp pass): 1 where sequence parallelism holds
+  // the activation and its gradient in parts, rows [t·n/k, (t+1)·n/k) on rank t of a tensor-parallel group
+  std::vector<uint8_t> boundary_in_parts;
   // per model segment (the recompute pass): 0, kRecomputeFull (its forward keeps only its input and runs again
   // before its backward) or kRecomputeSelective (it keeps the kept part of its stash and recomputes the rest)
   std::vector<uint8_t> segment_recompute;

@@ -107,6 +107,13 @@ struct SegmentType {
   // after a split matmul are added by shard 0 alone). tp_refusal: why k ranks cannot split it ("" when they can).
   ParamSplit (*tp_split)(const ModelDims& d, int slot, int k) = nullptr;
   std::string (*tp_refusal)(const ModelDims& d, int k) = nullptr;
+  // What such a segment's output is on rank t: partial (summed over the group: an all-reduce), its t-th of k equal
+  // parts, the whole being all of them in rank order (an all-gather), or its own (routed rows, which an exchange
+  // carries); and whether its input gradient is partial (summed: an all-reduce) or its own.
+  enum class TpOutput : uint8_t { Partial, Gathered, Own } tp_output = TpOutput::Partial;
+  bool tp_input_grad_partial = true;
+  // Rank t of a group of k works on its share of the microbatch's samples, [t·b/k, (t+1)·b/k) (b must divide).
+  bool tp_splits_samples = false;
   // Routing segments (a mixture of experts' router): the experts they route to. Their forward adds, per step,
   // a RoutingStats block to SegmentIO::routing: the assignments each expert was chosen for, then the dropped.
   int (*routed_experts)(const ModelDims& d) = nullptr;

@@ -108,6 +108,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   apply_place(g, places);
   for (const auto& d : tps) mark_tensor_parallel(g, d);
   check_tensor_parallel_sets(g);
+  mark_sequence_parts(g);
 
   // a tensor-parallel group works on the same samples: a set's replicas are its groups
   const int replicas = int(g.sets[0].ranks.size()) / g.sets[0].tp;
@@ -121,6 +122,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
                         " (data.batch = ", g.global_batch, " over ", replicas, " replicas)"));
   }
   g.samples_per_microbatch = per_replica / g.microbatches;
+  check_tensor_parallel_samples(g);
 
   insert_send_recv(g);
   for (const auto& d : shards) mark_shard(g, d);
@@ -139,6 +141,7 @@ std::vector<Directive> apply_directives(Graph& g, const JobSpec& spec) {
   make_buckets(g);
   insert_exchanges(g);
   insert_tensor_parallel_sums(g);
+  insert_sequence_gathers(g);
   insert_replication(g);
   insert_tied_sync(g);
   apply_orders(g, orders);  // and the cycle check of the whole graph

@@ -17,16 +17,16 @@ void expand_mesh(JobSpec& spec, int world) {
                         mesh.tp > 1 ? cat(" × tp = ", mesh.tp) : std::string(), " = ", ranks,
                         " ranks, but the job runs on ", world, " rank", world == 1 ? "" : "s", "; run with -np ", ranks,
                         " or change [mesh]"));
-  if (mesh.tp > 1 && mesh.ep > 1)
-    throw UserError(cat(mesh.loc.str(), ": [mesh] tp and ep together are not supported yet; use one of them"));
+
   auto has_op = [&](const std::string& op) {
     for (const auto& d : spec.directives)
       if (d.op == op) return true;
     return false;
   };
-  if (mesh.ep > 1 && mesh.dp % mesh.ep != 0)
-    throw UserError(cat(mesh.loc.str(), ": [mesh] ep = ", mesh.ep, " ranks per expert group do not divide dp = ", mesh.dp,
-                        "; use a divisor of dp (ep = dp spreads every layer's experts over all replicas)"));
+  if (mesh.ep > 1 && (mesh.dp * mesh.tp) % mesh.ep != 0)
+    throw UserError(cat(mesh.loc.str(), ": [mesh] ep = ", mesh.ep, " ranks per expert group do not divide dp",
+                        mesh.tp > 1 ? " × tp = " : " = ", mesh.dp * mesh.tp,
+                        "; use a divisor (ep = dp spreads every layer's experts over all replicas)"));
   const int L = spec.model.n_layers;
   // DualPipeV runs two stages on each pipeline rank, in a V: stage s on rank s, stage 2·pp − 1 − s back on it
   // interleaved 1F1B with chunks: stage s on rank s mod pp
@@ -94,6 +94,7 @@ void expand_mesh(JobSpec& spec, int world) {
     }
     Directive d = make("tp");  // every region: the others run alike on each rank of a group
     d.group = mesh.tp;
+    d.sequence = mesh.sequence;
     d.stream = "tp";
     added.push_back(d);
   }

@@ -28,8 +28,13 @@ int bucket_copies(const Graph& g, const Bucket& b);
 // input gradient.
 void mark_tensor_parallel(Graph& g, const Directive& d);
 void check_tensor_parallel_sets(const Graph& g);
+void check_tensor_parallel_samples(const Graph& g);  // once the samples per microbatch are known
 void reduce_tensor_parallel_regions(Graph& g);
 void insert_tensor_parallel_sums(Graph& g);
+// Sequence parallelism: which boundaries are held in parts (Graph::boundary_in_parts), and the all-gathers before
+// their readers (the reduce-scatters after their writers replace the all-reduces in insert_tensor_parallel_sums).
+void mark_sequence_parts(Graph& g);
+void insert_sequence_gathers(Graph& g);
 void insert_replication(Graph& g);
 void insert_tied_sync(Graph& g);
 // Every order directive, in the given order, then one cycle check of the whole graph: a cycle names the

@@ -309,9 +309,9 @@ class PlanCheck {
     require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
             "samples ", in.sample_offset, "+", in.samples, " outside the replica's ", p_.samples_per_replica);
     require(std::isfinite(in.loss_scale), "loss scale is not finite");
-    require(in.weight_grads_block >= 1 && in.weight_grads_block <= p_.data_sharing &&
-                p_.data_sharing % in.weight_grads_block == 0,
-            "weight gradients in blocks of ", in.weight_grads_block, " replicas, of ", p_.data_sharing, " sharing samples");
+    require(in.alike_block >= 1 && in.alike_block <= p_.data_sharing &&
+                p_.data_sharing % in.alike_block == 0,
+            "alike in blocks of ", in.alike_block, " replicas, of ", p_.data_sharing, " sharing samples");
     // The executor dereferences every buffer field set; those the instruction does not declare would
     // escape its waits and use counts.
     if (fwd) require(in.dout == -1 && in.din == -1, "a forward with gradient buffers");

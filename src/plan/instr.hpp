@@ -37,9 +37,10 @@ struct ComputeArgs {
   int32_t stash_tail = -1;  // selective recompute: the stash's recomputed part, in a buffer of its own
   std::vector<int32_t> pbuf, gbuf;  // per segment parameter: buffer holding it / its gradient
   std::vector<uint8_t> overwrite;   // [i] != 0: gradient of segment param i is written, not accumulated
-  // > 1: of each block of this many consecutive replicas (which compute alike and whose gradients are summed), the
-  // first computes the weight gradients and the others write zeros (or add nothing)
-  int32_t weight_grads_block = 1;
+  // > 1: each block of this many consecutive replicas computes this alike (and sums the gradients); its first
+  // computes the weight gradients and adds to the loss and statistics, the others write zero gradients (or add
+  // nothing) and add where nothing reads
+  int32_t alike_block = 1;
 
   template <typename Fn>  // fn(Operand role, buffer id) for every buffer named (ids may be -1)
   void operands(Fn&& fn) const {

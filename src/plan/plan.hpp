@@ -152,7 +152,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size);
 // group, stream, set, parameter, bucket, segment), a negative or inconsistent count, a buffer too small for
 // what reads or writes it, or a model that its own dimensions do not build.
 void check_plan(const Plan& plan);
-// "F blocks.3 mb2", "SEND act4.mb2 -> rank 1", ...: one instruction for people.
+// "F blocks.3.attn mb2", "SEND act4.mb2 -> rank 1", ...: one instruction for people.
 std::string instr_label(const Plan& p, const Instr& in);
 // Human-readable dump.
 std::string plan_to_text(const Plan& plan);

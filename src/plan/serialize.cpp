@@ -68,7 +68,7 @@ void fields(Io& io, Fields&... f) {
 template <typename Io>
 void payload_fields(ComputeArgs& a, Io io) {
   fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.stash_tail, a.wstash, a.dout, a.din, a.link,
-         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.weight_grads_block);
+         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.alike_block);
 }
 template <typename Io>
 void payload_fields(UpdateArgs& a, Io io) {

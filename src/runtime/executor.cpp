@@ -484,8 +484,8 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   io.din = in.din >= 0 ? store_.f(in.din) : nullptr;
   if (in.in >= 0 && !host_counts_[size_t(in.in)].empty()) io.counts = host_counts_[size_t(in.in)].data();
   // a recomputed forward adds its loss and balance loss where nothing reads them, and no routing statistics
-  // (as does every replica of a block reading the same samples but the first: the first counts them once)
-  const bool rerun = op == Op::Recompute || plan_.replica % plan_.data_sharing != 0;
+  // (as does every replica of a block computing it alike but the first: the first counts them once)
+  const bool rerun = op == Op::Recompute || plan_.replica % in.alike_block != 0;
   io.loss_sum = scalars_ + (rerun ? kSinkAt : kLossAt);
   io.balance_loss = scalars_ + (rerun ? kSinkAt : kBalanceAt);
   if (op == Op::Forward && !rerun && routing_offset_[size_t(in.segment)] >= 0)
@@ -532,7 +532,7 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
 
 // The weight gradients, or where another replica of the block computes them, zeros (a first write) or nothing.
 void Executor::backward_weight(const ComputeArgs& in, const Segment& seg, const SegmentIO& io) {
-  if (plan_.replica % in.weight_grads_block == 0) return segment_backward_weight(k_, seg, plan_.dims, io);
+  if (plan_.replica % in.alike_block == 0) return segment_backward_weight(k_, seg, plan_.dims, io);
   for (size_t i = 0; i < seg.params.size(); ++i)
     if (io.g[i] && !io.accumulate(int(i)))
       k_.fill(io.g[i], 0.f, size_t(plan_.params[size_t(seg.params[i])].numel));

@@ -138,7 +138,7 @@ def main():
     # mistakes
     for extra, want in ((recompute(filt="{ PP = 7 }"), "matches no region"),
                         (recompute(policy="most"), "directive.0.policy"),
-                        (recompute(keys='types = ["gpt2.block"]\n'), "no segment of this model is of type")):
+                        (recompute(keys='types = ["gpt2.attention"]\n'), "no segment of this model is of type")):
         cfg = write(d, "bad.toml", tiny_qwen3("bad", steps=1) + extra)
         p = run(1, cfg, check=False)
         if p.returncode != 2 or want not in p.stderr:

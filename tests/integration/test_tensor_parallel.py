@@ -1,17 +1,23 @@
-"""Tensor parallelism (the `tp` directive, [mesh] tp): Qwen3's attention and MLP halves split over a group of ranks
-in the Megatron layout (q, k, v, gate, up by output rows; o, down by input columns; key/value heads copied when
-fewer than the group), each partial output and input gradient summed by an all-reduce node on the group's stream.
-Every run equals the one-process run within 1e-5 over 20 steps: TP2 and TP4 (4 key/value heads, and 2 over a
-group of 4), TP2 x DP2 with ZeRO-1 and ZeRO-3, TP2 x PP2 x DP2 under 1F1B and DualPipeV. A TP2 checkpoint resumes
-as one process and as TP4 to the same losses as the run that never stopped. The plans hold the all-reduces on
-the tp stream; a group that does not divide the heads is an error (exit 2). configs/qwen3-70b-tp8-pp8.toml (a
-Llama-3-70B-shaped Qwen3 on TP8 x PP8 x DP16, interleaved 1F1B) compiles for 1,024 ranks in under 10 s with every
-rank's memory, and --fit-memory 80GiB answers for it."""
+"""Tensor parallelism (the `tp` directive, [mesh] tp): Qwen3's and GPT-2's attention and MLP halves split over a
+group of ranks in the Megatron layout (q, k, v, gate, up by output rows; o, down by input columns; key/value heads
+copied when fewer than the group), each partial output and input gradient summed by an all-reduce node on the
+group's stream. Qwen3's embedding and LM head are vocabulary-parallel: the cross-entropy gathers 3 statistics a
+token, never the logits. Every run equals the one-process run within 1e-5 over 20 steps: Qwen3 TP2 and TP4 (4
+key/value heads, and 2 over a group of 4), TP2 with the head tied to the embedding, GPT-2 TP2, TP4 and TP2 x PP2,
+Qwen3 TP2 x DP2 with ZeRO-1 and ZeRO-3, TP2 x PP2 x DP2 under 1F1B and DualPipeV; on Qwen3-MoE (dropless and with
+capacity) TP2, TP2 folded with EP2 and TP2 x DP2 folded with EP2, in losses, balance losses, dropped assignments
+and gradient norms (each rank of a group routes its share of the sequences to the experts). A TP2 checkpoint
+resumes as one process and as TP4 to the same losses as the run that never stopped. A group that does not divide
+the heads is an error (exit 2). configs/qwen3-70b-tp8-pp8.toml (a Llama-3-70B-shaped Qwen3 on TP8 x PP8 x DP16,
+interleaved 1F1B) compiles for 1,024 ranks in under 10 s with every rank's memory, and --fit-memory 80GiB answers
+for it."""
 import glob
+import json
 import os
 import subprocess
 
-from common import PIPER, compare, dry_run_json, fail, losses, mesh, run, tempdir, tiny_qwen3, write
+from common import (PIPER, compare, dry_run_json, fail, losses, mesh, metrics, run, tempdir, tiny_gpt, tiny_qwen3,
+                    tiny_qwen3_moe, write)
 
 STEPS = 20
 RTOL = 1e-5
@@ -28,8 +34,10 @@ def train(d, name, text, ranks=1, args=(), steps=STEPS):
     return losses(out)
 
 
-def tp_sums(d, name, ranks, args):
-    """The all-reduce instructions on the tp stream in the plans of d/name.toml on `ranks` ranks."""
+def tp_sums(d, name, ranks, args, rows=None):
+    """The all-reduce instructions on the tp stream in the plans of d/name.toml on `ranks` ranks. With `rows` (tokens
+    of a microbatch), every all-gather on the tp stream must carry 3 floats a row (the cross-entropy statistics,
+    never the logits)."""
     out = os.path.join(d, name + "-plans")
     subprocess.run([PIPER, "--config", os.path.join(d, f"{name}.toml"), "--dry-run", "--world", str(ranks),
                     "--dump-plan", out, *args], check=True, stdout=subprocess.DEVNULL)
@@ -38,6 +46,9 @@ def tp_sums(d, name, ranks, args):
         text = open(p).read()
         streams = [line for line in text.splitlines() if line.startswith("streams:")]
         n += sum(1 for line in text.splitlines() if "[tp] all_reduce" in line)
+        gathers = [int(line.split("count=")[1].split()[0]) for line in text.splitlines() if "[tp] all_gather" in line]
+        if rows is not None and (not gathers or any(c != 3 * rows for c in gathers)):
+            fail(f"{name}: the tp all-gathers carry {gathers} floats, not the {3 * rows} of the statistics")
         if not streams or "tp" not in streams[0]:
             fail(f"{name}: the plan has no tp stream: {streams}")
     return n
@@ -48,19 +59,77 @@ def main():
     q = tiny_qwen3("q")  # 4 query heads over 2 key/value heads
     ref = train(d, "one", q)
     compare("Qwen3 TP2 (2 kv heads split)", ref, train(d, "tp2", q, 2, tp(2)), RTOL)
-    if tp_sums(d, "tp2", 2, tp(2)) == 0:
+    if tp_sums(d, "tp2", 2, tp(2), rows=16 * 16) == 0:
         fail("TP2: no all-reduce on the tp stream in the plans")
+    print("ok  TP2 plans: all-reduces on the tp stream; the vocabulary-parallel head gathers 3 floats a token")
+    tied = q.replace("tie_embeddings = false", "tie_embeddings = true")
+    compare("Qwen3 TP2, LM head tied to the embedding", train(d, "one-tied", tied),
+            train(d, "tp2-tied", tied, 2, tp(2)), RTOL)
     compare("Qwen3 TP4 (2 kv heads copied)", ref, train(d, "tp4", q, 4, tp(4)), RTOL)
 
     more = q.replace("n_kv_heads = 2", "n_kv_heads = 4")
     ref_more = train(d, "one-mha", more)
     compare("Qwen3 TP2 (4 kv heads split)", ref_more, train(d, "tp2-mha", more, 2, tp(2)), RTOL)
 
+    gpt = tiny_gpt("g")  # 4 heads, fused qkv, biases, the LM head tied to the embedding
+    ref_gpt = train(d, "gpt-one", gpt)
+    for k in (2, 4):
+        compare(f"GPT-2 TP{k}", ref_gpt, train(d, f"gpt-tp{k}", gpt, k, tp(k)), RTOL)
+    compare("GPT-2 TP2 x PP2 1f1b", ref_gpt, train(d, "gpt-tp2-pp2", gpt, 4, mesh(pp=2, m=2) + tp(2)), RTOL)
+
+    # sequence parallelism: the activations between split segments in parts, reduce-scattered and gathered
+    sp = ["--set", "mesh.sequence=true"]
+    compare("Qwen3 TP2 sequence-parallel", ref, train(d, "tp2-sp", q, 2, tp(2) + sp), RTOL)
+    plans = os.path.join(d, "tp2-sp-plans")
+    subprocess.run([PIPER, "--config", os.path.join(d, "tp2-sp.toml"), "--dry-run", "--world", "2", "--dump-plan",
+                    plans] + tp(2) + sp, check=True, stdout=subprocess.DEVNULL)
+    text = open(os.path.join(plans, "plan_set0.txt")).read()
+    if text.count("[tp] reduce_scatter") == 0 or text.count("[tp] all_gather") < 2 or "regathered" not in text:
+        fail("TP2 sequence-parallel: the plan should reduce-scatter, gather, and gather again for the backward")
+    compare("Qwen3 TP2 sequence-parallel, selective recompute", ref,
+            train(d, "tp2-sp-sel", q, 2, tp(2) + sp + ["--set", 'mesh.recompute="selective"']), RTOL)
+    compare("Qwen3 TP2 x PP2 x DP2 sequence-parallel 1f1b", ref,
+            train(d, "tp2-sp-pp2-dp2", q, 8, mesh(pp=2, dp=2, m=4) + tp(2) + sp), RTOL)
+    compare("GPT-2 TP2 sequence-parallel", ref_gpt, train(d, "gpt-tp2-sp", gpt, 2, tp(2) + sp), RTOL)
+    peaks = {}
+    for label, extra in (("TP2", []), ("TP2 sequence-parallel", sp)):
+        summary = os.path.join(d, f"small-{len(extra)}.json")
+        run(2, write(d, f"small-{len(extra)}.toml", open("configs/qwen3-small.toml").read()), "--steps", "2",
+            "--report-json", summary, *(tp(2) + extra), timeout=600)
+        m = json.load(open(summary))["ranks"][0]["memory"]
+        got, est = m["peak_bytes"]["activations"], m["estimated_peak_bytes"]["activations"]
+        if abs(est - got) > 0.02 * got:
+            fail(f"qwen3-small {label}: activation estimate {est} not within 2% of the measured {got}")
+        peaks[label] = got
+    if not peaks["TP2 sequence-parallel"] < peaks["TP2"]:
+        fail(f"qwen3-small: sequence parallelism should lower the activation peak: {peaks}")
+    print(f"ok  qwen3-small TP2 activation peak {peaks['TP2'] / 2**20:.1f} MiB, sequence-parallel "
+          f"{peaks['TP2 sequence-parallel'] / 2**20:.1f} MiB; estimates within 2%")
+
     for zero in (1, 3):
         compare(f"Qwen3 TP2 x DP2 ZeRO-{zero}", ref, train(d, f"tp2-dp2-z{zero}", q, 4, mesh(dp=2, zero=zero) + tp(2)), RTOL)
     for schedule in ("1f1b", "dualpipev"):
         compare(f"Qwen3 TP2 x PP2 x DP2 {schedule}", ref,
                 train(d, f"tp2-pp2-dp2-{schedule}", q, 8, mesh(pp=2, dp=2, m=4, schedule=schedule) + tp(2)), RTOL)
+
+    # folded with experts: attention tensor-parallel, each rank of a group routing its share of the sequences to
+    # experts spread over the same ranks (EP2), dropless and with capacity; the balance loss and routing statistics too
+    for capacity in (0.0, 0.6):
+        moe = tiny_qwen3_moe(f"m{capacity}", capacity)
+        one = os.path.join(d, f"moe-one-{capacity}.jsonl")
+        run(1, write(d, f"moe-one-{capacity}.toml", moe), "--metrics", one)
+        for label, ranks, extra in (("TP2", 2, tp(2)), ("TP2 folded with EP2", 2, tp(2) + ["--set", "mesh.ep=2"]),
+                                    ("TP2 x DP2 folded with EP2", 4, mesh(dp=2, zero=1) + tp(2) + ["--set", "mesh.ep=2"])):
+            name = f"moe-{label.replace(' ', '-')}-{capacity}"
+            got = os.path.join(d, f"{name}.jsonl")
+            run(ranks, write(d, f"{name}.toml", moe), "--metrics", got, *extra)
+            compare(f"Qwen3-MoE capacity {capacity} {label}", losses(one), losses(got), RTOL)
+            a, b = metrics(one), metrics(got)
+            for key in ("balance_loss", "moe_dropped", "grad_norm"):
+                ra, rb = [m.get(key) for m in a], [m.get(key) for m in b]
+                if any((x is None) != (y is None) or (x is not None and abs(x - y) > 1e-5 * max(abs(x), 1e-9))
+                       for x, y in zip(ra, rb)):
+                    fail(f"Qwen3-MoE capacity {capacity} {label}: {key} {rb} differs from one process {ra}")
 
     # resume: TP2 to step 10, then one process and TP4 from its checkpoint
     ck = os.path.join(d, "ck")

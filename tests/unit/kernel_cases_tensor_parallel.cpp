@@ -1,7 +1,11 @@
 // Kernel cases of tensor parallelism: the vocabulary-parallel cross-entropy over 1, 2 and 4 shards of the
 // vocabulary (statistics per shard, the gathered statistics finished on every shard, the backward), against the
-// double softmax and loss over the whole vocabulary; with one shard it equals softmax_xent_forward to the bit.
+// double softmax and loss over the whole vocabulary; with one shard it equals softmax_xent_forward to the bit. The
+// vocabulary-parallel token embedding over 1, 2 and 4 shards: the shards summed (forward) and stacked (backward)
+// equal the token embedding of the whole vocabulary to the bit.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "kernel_cases.hpp"
 #include "test_util.hpp"
@@ -141,8 +145,153 @@ void vocab_xent_cases(std::vector<KernelCase>& cases) {
   }
 }
 
+struct EmbedShape {
+  int N, C, V, ranks;
+  bool strays;  // tokens outside the whole vocabulary too (-1, V, INT32_MIN, INT32_MAX): every shard skips them
+};
+
+// Shard q of the vocabulary: [v0(q), v0(q + 1)), uneven where ranks do not divide V
+int shard_v0(const EmbedShape& s, int q) { return int(int64_t(q) * s.V / s.ranks); }
+
+// Whether token t lies in [v0, v0 + Vl), and its row there
+bool in_shard(int32_t t, int v0, int Vl) { return int64_t(t) >= v0 && int64_t(t) < int64_t(v0) + Vl; }
+
+// The vocabulary-parallel token embedding over 1, 2 and 4 shards of the vocabulary (each rank's rows of w
+// stacked in rank order are the whole w): the forward on each shard (the rows of its tokens, zeros elsewhere), the
+// shards' outputs summed (the ranks' all-reduce) against token_embedding_forward of the whole vocabulary, and the
+// backward on each shard, the shards' gradients stacked against token_embedding_backward of the whole vocabulary,
+// both to the bit; all against double references.
+void vocab_embedding_cases(std::vector<KernelCase>& cases) {
+  // small with tokens that never occur (4, 5, 7, 8), on 1, 2 and 4 (uneven) shards; uneven halves; repeated
+  // tokens split across threads; a larger vocabulary; tokens outside every shard
+  for (EmbedShape s : {EmbedShape{12, 8, 10, 1, false}, EmbedShape{12, 8, 10, 2, false},
+                       EmbedShape{12, 8, 10, 4, false}, EmbedShape{60, 40, 301, 2, false},
+                       EmbedShape{1024, 40, 52, 4, false}, EmbedShape{1000, 96, 5000, 4, false},
+                       EmbedShape{12, 8, 10, 2, true}, EmbedShape{700, 24, 64, 4, true}}) {
+    const int N = s.N, C = s.C, V = s.V, ranks = s.ranks;
+    const bool small = V == 10;
+    const std::string shape =
+        dims({{"N", N}, {"C", C}, {"V", V}, {"ranks", ranks}}) + (s.strays ? " stray tokens" : "");
+    auto start = [=](std::mt19937& gen) {
+      Tensors t;
+      std::vector<int32_t> tok = small ? std::vector<int32_t>{0, 1, 1, 3, 0, 2, 3, 3, 1, 9, 6, 9}
+                                       : hot_tokens(gen, size_t(N), V);  // small: 4, 5, 7, 8 never occur
+      if (s.strays) {
+        const int32_t stray[] = {-1, V, INT32_MIN, INT32_MAX};
+        for (size_t i = 1, k = 0; i < tok.size(); i += 3, ++k) tok[i] = stray[k % 4];
+      }
+      t["tok"] = i32(tok);
+      t["w"] = f32(uniform(gen, size_t(V) * C));  // the shards' rows stacked: (V,C)
+      t["dx"] = f32(uniform(gen, size_t(N) * C));
+      t["x"] = f32(filled(size_t(ranks) * N * C, std::nanf("")));  // each rank's output: (ranks,N,C)
+      t["sum"] = f32(filled(size_t(N) * C, std::nanf("")));        // their all-reduce: (N,C)
+      t["dw"] = f32(uniform(gen, size_t(V) * C));                  // the shards' gradients stacked, (V,C): the prior
+      return t;
+    };
+    auto forward_shards = [=](Kernels& k, Buffers& b) {
+      const size_t rows = size_t(N) * C;
+      for (int q = 0; q < ranks; ++q) {
+        const int v0 = shard_v0(s, q), Vl = shard_v0(s, q + 1) - v0;
+        k.vocab_embedding_forward(b.f("x") + q * rows, b.i("tok"), b.f("w") + size_t(v0) * C, N, C, v0, Vl);
+      }
+      k.copy(b.f("sum"), b.f("x"), sizeof(float) * rows);
+      for (int q = 1; q < ranks; ++q) k.accumulate(b.f("sum"), b.f("x") + q * rows, rows);
+    };
+    KernelCase fwd{.name = "vocab_embedding_forward " + shape,  // a gather and zeros: exact
+                   .make = start,
+                   .call = forward_shards,
+                   .outs = {{"x", 0, 0}, {"sum", 0, 0}},
+                   .reference =
+                       [=](Tensors& t) {
+                         for (int q = 0; q < ranks; ++q) {
+                           const int v0 = shard_v0(s, q), Vl = shard_v0(s, q + 1) - v0;
+                           for (int n = 0; n < N; ++n) {
+                             const int32_t tk = t["tok"].i[size_t(n)];
+                             for (int c = 0; c < C; ++c)
+                               t["x"].f[(size_t(q) * N + n) * C + c] =
+                                   in_shard(tk, v0, Vl) ? t["w"].f[size_t(tk) * C + c] : 0.f;
+                           }
+                         }
+                         for (int n = 0; n < N; ++n) {
+                           const int32_t tk = t["tok"].i[size_t(n)];
+                           for (int c = 0; c < C; ++c)
+                             t["sum"].f[size_t(n) * C + c] = in_shard(tk, 0, V) ? t["w"].f[size_t(tk) * C + c] : 0.f;
+                         }
+                       },
+                   .cuda_repeatable = true};
+    if (!s.strays)  // token_embedding_forward reads w[tok] for any token: only tokens of the vocabulary
+      fwd.twins.push_back({.what = "token_embedding_forward of the whole vocabulary",
+                           .call =
+                               [=](Kernels& k, Buffers& b) {
+                                 k.token_embedding_forward(b.f("sum"), b.i("tok"), b.f("w"), N, C);
+                               },
+                           .outs = {"sum"}});
+    cases.push_back(fwd);
+
+    auto loss = [=](const Tensors& t) {  // Σ dx · w[tok] over the tokens of the vocabulary
+      double sum = 0;
+      for (int n = 0; n < N; ++n) {
+        const int32_t tk = t.at("tok").i[size_t(n)];
+        if (!in_shard(tk, 0, V)) continue;
+        for (int c = 0; c < C; ++c) sum += double(t.at("dx").f[size_t(n) * C + c]) * t.at("w").f[size_t(tk) * C + c];
+      }
+      return sum;
+    };
+    for (bool acc : {false, true}) {
+      KernelCase bwd{
+          .name = std::string("vocab_embedding_backward ") + (acc ? "accumulate " : "") + shape,
+          .make = start,
+          .call =
+              [=](Kernels& k, Buffers& b) {
+                for (int q = 0; q < ranks; ++q) {
+                  const int v0 = shard_v0(s, q), Vl = shard_v0(s, q + 1) - v0;
+                  k.vocab_embedding_backward(b.f("dw") + size_t(v0) * C, b.f("dx"), b.i("tok"), N, C, v0, Vl, acc);
+                }
+              },
+          .outs = {{"dw", 1e-5, 1e-4}},  // the hot token sums hundreds of rows in float
+          .reference =
+              [=](Tensors& t) {  // dw[tok] (+)= dx for the tokens of the vocabulary, rows in order
+                std::vector<double> dw(t["dw"].f.size(), 0.0);
+                for (int n = 0; n < N; ++n) {
+                  const int32_t tk = t["tok"].i[size_t(n)];
+                  if (!in_shard(tk, 0, V)) continue;
+                  for (int c = 0; c < C; ++c) dw[size_t(tk) * C + c] += t["dx"].f[size_t(n) * C + c];
+                }
+                t["dw"] = as_f32(add_prior(dw, t["dw"].f, acc));
+              },
+          .gradients = acc || !small ? std::vector<Gradient>{} : std::vector<Gradient>{{"w", "dw", loss}},
+          .cuda_repeatable = true,
+          .twins = {{.what = "token_embedding_backward of the whole vocabulary (the shards stacked)",
+                     .call =
+                         [=](Kernels& k, Buffers& b) {
+                           k.token_embedding_backward(b.f("dw"), b.f("dx"), b.i("tok"), N, C, V, acc);
+                         }}}};
+      // The promised order, on any backend: each row of dw is its prior (or 0) plus its token's dx rows in
+      // increasing row order, in float, to the bit; rows of tokens that never occur (in the small cases 4 and 5,
+      // on either side of the two shards' boundary) stay the prior or 0.
+      bwd.property = [=](const Tensors& st, const Tensors& out) {
+        std::vector<float> want = acc ? st.at("dw").f : std::vector<float>(st.at("dw").f.size(), 0.f);
+        for (int n = 0; n < N; ++n) {
+          const int32_t tk = st.at("tok").i[size_t(n)];
+          if (!in_shard(tk, 0, V)) continue;
+          for (int c = 0; c < C; ++c) want[size_t(tk) * C + c] += st.at("dx").f[size_t(n) * C + c];
+        }
+        const std::vector<float>& got = out.at("dw").f;
+        size_t differ = 0;
+        for (size_t i = 0; i < want.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        INFO("dw elements not the bits of the in-order float sum");
+        CHECK(differ == 0);
+      };
+      cases.push_back(bwd);
+    }
+  }
+}
+
 }  // namespace
 
-void add_tensor_parallel_cases(std::vector<KernelCase>& cases) { vocab_xent_cases(cases); }
+void add_tensor_parallel_cases(std::vector<KernelCase>& cases) {
+  vocab_xent_cases(cases);
+  vocab_embedding_cases(cases);
+}
 
 }  // namespace piper::test

@@ -250,17 +250,17 @@ struct Net {
       const int B = samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads, n = B * T;
       const Segment& emb = model.segments.front();
       std::vector<double> x = embedding_ref(tokens, P(emb, 0), P(emb, 1), B, T, C);
-      for (size_t s = 1; s + 1 < model.segments.size(); ++s) {
-        const Segment& blk = model.segments[s];
-        auto h = layernorm_ref(x, P(blk, 0), P(blk, 1), n, C);
-        auto qkv = linear_ref(h, P(blk, 2), P(blk, 3).data(), n, C, 3 * C);
+      for (size_t s = 1; s + 1 < model.segments.size(); s += 2) {  // a block: its attention and MLP halves
+        const Segment &att = model.segments[s], &mlp = model.segments[s + 1];
+        auto h = layernorm_ref(x, P(att, 0), P(att, 1), n, C);
+        auto qkv = linear_ref(h, P(att, 2), P(att, 3).data(), n, C, 3 * C);
         auto a = attention_ref(qkv, B, T, C, NH);
-        auto proj = linear_ref(a, P(blk, 4), P(blk, 5).data(), n, C, C);
+        auto proj = linear_ref(a, P(att, 4), P(att, 5).data(), n, C, C);
         for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
-        auto h2 = layernorm_ref(x, P(blk, 6), P(blk, 7), n, C);
-        auto f = linear_ref(h2, P(blk, 8), P(blk, 9).data(), n, C, F);
+        auto h2 = layernorm_ref(x, P(mlp, 0), P(mlp, 1), n, C);
+        auto f = linear_ref(h2, P(mlp, 2), P(mlp, 3).data(), n, C, F);
         for (auto& v : f) v = gelu_ref(v);
-        auto m = linear_ref(f, P(blk, 10), P(blk, 11).data(), n, F, C);
+        auto m = linear_ref(f, P(mlp, 4), P(mlp, 5).data(), n, F, C);
         for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
       }
       const Segment& head = model.segments.back();

@@ -164,7 +164,27 @@ TEST_CASE("GPT-2 init: std 0.02, residual projections 0.02/sqrt(2 n_layers), LN 
   const Model m = build_model(spec);
   const int L = spec.n_layers;
   CHECK(m.params.size() == size_t(2 + 12 * L + 2));  // wte, wpe, 12 per block, ln_f; the head reuses wte
-  REQUIRE(m.segments.size() == size_t(L + 2));
+  REQUIRE(m.segments.size() == size_t(2 * L + 2));  // embedding, each block's attention and MLP halves, head
+  const char* block[] = {"ln1.weight",       "ln1.bias",       "attn.qkv.weight", "attn.qkv.bias",
+                         "attn.proj.weight", "attn.proj.bias", "ln2.weight",      "ln2.bias",
+                         "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
+  for (int l = 0; l < L; ++l) {  // the parameters in the order of a whole block's, as checkpoints have them
+    const Segment &att = m.segments[size_t(1 + 2 * l)], &mlp = m.segments[size_t(2 + 2 * l)];
+    CHECK(att.name == "blocks." + std::to_string(l) + ".attn");
+    CHECK(mlp.name == "blocks." + std::to_string(l) + ".mlp");
+    CHECK((att.layer == l && mlp.layer == l));
+    // the block's FLOPs, split: matmuls 2T(4C² + 2CF); causal attention 4C·T(T+1)/2, what a selective rerun redoes
+    const double T = spec.seq_len, C = spec.d_model, F = spec.d_ff, attention = 4.0 * C * T * (T + 1) / 2.0;
+    CHECK(att.fwd_flops_per_sample + mlp.fwd_flops_per_sample ==
+          Approx(2.0 * T * (4.0 * C * C + 2.0 * C * F) + attention));
+    CHECK((att.tail_flops_per_sample == Approx(attention) && mlp.tail_flops_per_sample == 0));
+    REQUIRE((att.params.size() == 6 && mlp.params.size() == 6));
+    for (int i = 0; i < 12; ++i) {
+      const int p = i < 6 ? att.params[size_t(i)] : mlp.params[size_t(i - 6)];
+      CHECK(p == 2 + 12 * l + i);
+      CHECK(m.params[size_t(p)].name == "blocks." + std::to_string(l) + "." + block[i]);
+    }
+  }
   CHECK(m.segments.back().params.size() == 3);
   CHECK(m.segments.back().params[2] == m.segments.front().params[0]);  // tied wte
   CHECK(m.params[size_t(m.segments.front().params[0])].name == "wte");

@@ -1,8 +1,9 @@
-// Tensor-parallel Qwen3 and GPT-2 segments (Megatron layout): the attention and MLP halves of a layer run as the k ranks of a
-// tensor-parallel group, each with its pieces of the parameters (SegmentType::tp_split), against the same segment on
-// one rank with the whole parameters: the ranks' outputs, input gradients and copied parameters' gradients sum to the
-// one-rank ones, each split parameter's gradient is its piece of the one-rank gradient, a selective-recompute rerun
-// of a rank's stash tail gives back what its forward wrote, and tp_refusal says which dimension does not divide.
+// Tensor-parallel Qwen3 and GPT-2 segments (Megatron layout): the attention and MLP halves of a layer run as the k
+// ranks of a tensor-parallel group, each with its pieces of the parameters (SegmentType::tp_split), against the same
+// segment on one rank with the whole parameters: the ranks' outputs, input gradients and copied parameters' gradients
+// sum to the one-rank ones, each split parameter's gradient is its piece of the one-rank gradient, a
+// selective-recompute rerun of a rank's stash tail gives back what its forward wrote, and tp_refusal says which
+// dimension does not divide.
 #include <catch2/catch.hpp>
 
 #include <cmath>

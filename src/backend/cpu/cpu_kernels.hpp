@@ -58,6 +58,9 @@ class CpuKernels final : public Kernels {
                          int N, int Vl, int ranks, float scale) override;
   void vocab_xent_backward(float* dlogits, const float* probs, const int32_t* targets, int N, int Vl, int v0,
                            float scale) override;
+  void vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0, int Vl) override;
+  void vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0, int Vl,
+                                bool accumulate) override;
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;

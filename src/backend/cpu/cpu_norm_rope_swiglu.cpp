@@ -1,7 +1,9 @@
 // CPU kernels of the Llama-style (Qwen3) transformer besides attention: RMSNorm, rotary position embedding,
-// SwiGLU and the plain token embedding. Row work is split in fixed chunks, so results do not depend on threads.
+// SwiGLU and the token embedding (of the whole vocabulary, or of one rank's shard of it). Row work is split in
+// fixed chunks, so results do not depend on threads.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.hpp"
@@ -129,20 +131,39 @@ void CpuKernels::swiglu_backward(float* dg, float* du, const float* da, const fl
 }
 
 void CpuKernels::token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) {
-  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
-    for (size_t r = e0 / C; r < e1 / C; ++r)  // x row r(C) = w row tok[r](C)
-      std::memcpy(x + r * C, w + int64_t(tok[r]) * C, sizeof(float) * size_t(C));
-  });
+  // the one shard of the whole vocabulary: every token is in [0, INT_MAX) (V is not an argument)
+  vocab_embedding_forward(x, tok, w, N, C, 0, std::numeric_limits<int>::max());
 }
 
 void CpuKernels::token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
                                           bool accumulate) {
-  if (!accumulate) fill(dw, 0.f, size_t(V) * C);  // dw(V,C)
-  // Columns are split across threads, so repeated tokens never race; rows are added in order.
+  vocab_embedding_backward(dw, dx, tok, N, C, 0, V, accumulate);  // the one shard of the whole vocabulary
+}
+
+void CpuKernels::vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0,
+                                         int Vl) {
+  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+    for (size_t r = e0 / C; r < e1 / C; ++r) {  // x row r(C) = w row tok[r] − v0(C), or 0 outside the shard
+      const int64_t t = int64_t(tok[r]) - v0;
+      if (t >= 0 && t < Vl)
+        std::memcpy(x + r * C, w + t * C, sizeof(float) * size_t(C));
+      else
+        std::memset(x + r * C, 0, sizeof(float) * size_t(C));
+    }
+  });
+}
+
+void CpuKernels::vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0,
+                                          int Vl, bool accumulate) {
+  if (!accumulate) fill(dw, 0.f, size_t(Vl > 0 ? Vl : 0) * C);  // dw(Vl,C)
+  // Columns are split across threads, so repeated tokens never race; rows are added in order. Tokens outside
+  // the shard are another rank's.
   for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
     for (int64_t r = 0; r < N; ++r) {
-      const float* __restrict g = dx + r * C;               // (C)
-      float* __restrict out = dw + int64_t(tok[r]) * C;  // (C)
+      const int64_t t = int64_t(tok[r]) - v0;
+      if (t < 0 || t >= Vl) continue;
+      const float* __restrict g = dx + r * C;  // (C)
+      float* __restrict out = dw + t * C;      // (C)
       for (size_t c = c0; c < c1; ++c) out[c] += g[c];
     }
   });

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <vector>
@@ -336,15 +337,26 @@ void CudaKernels::swiglu_backward(float* dg, float* du, const float* da, const f
 }
 
 void CudaKernels::token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) {
-  Target t = target();
-  cuda::token_embedding_forward(x, tok, w, N, C, t.stream.stream());
+  // the one shard of the whole vocabulary: every token is in [0, INT_MAX) (V is not an argument)
+  vocab_embedding_forward(x, tok, w, N, C, 0, std::numeric_limits<int>::max());
 }
 
 void CudaKernels::token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
                                            bool accumulate) {
+  vocab_embedding_backward(dw, dx, tok, N, C, 0, V, accumulate);  // the one shard of the whole vocabulary
+}
+
+void CudaKernels::vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0,
+                                          int Vl) {
+  Target t = target();
+  cuda::vocab_embedding_forward(x, tok, w, N, C, v0, Vl, t.stream.stream());
+}
+
+void CudaKernels::vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0,
+                                           int Vl, bool accumulate) {
   Target t = target();
   void* sort = t.stream.workspace(std::max<size_t>(1, cuda::token_embedding_backward_workspace_bytes(N)));
-  cuda::token_embedding_backward(dw, dx, tok, N, C, V, accumulate, sort, t.stream.stream());
+  cuda::vocab_embedding_backward(dw, dx, tok, N, C, v0, Vl, accumulate, sort, t.stream.stream());
 }
 
 void CudaKernels::softmax_xent_forward(float* probs, double* loss_sum, const float* logits, const int32_t* targets,

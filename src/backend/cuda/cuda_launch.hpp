@@ -82,14 +82,17 @@ void embedding_forward(float* x, const int32_t* tok, const float* wte, const flo
 // dwpe(T,C) (+)= Σ_b dx, b in order
 void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                         bool accumulate_wte, bool accumulate_wpe, void* workspace, cudaStream_t s);
-// x(N,C) = w[tok] (rows of w(V,C))
-void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, cudaStream_t s);
-// dw(V,C) (+)= scatter-add of dx(N,C) rows by token: the rows sorted by token (cub radix sort), then each token's
-// rows summed in increasing row order (deterministic); rows of tokens not seen are zeroed unless accumulating.
+// x(N,C): row n = w[tok[n] − v0] (rows of w(Vl,C)) where v0 <= tok[n] < v0 + Vl, else 0. Kernels::
+// token_embedding_forward is its one shard with every token (v0 = 0, Vl = INT_MAX).
+void vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0, int Vl,
+                             cudaStream_t s);
+// dw(Vl,C) (+)= scatter-add of the dx(N,C) rows whose token is in [v0, v0 + Vl), to row tok − v0: the rows sorted
+// by token (cub radix sort), then each token's rows summed in increasing row order (deterministic); rows of tokens
+// not seen are zeroed unless accumulating. Kernels::token_embedding_backward is its one shard (v0 = 0, Vl = V).
 // workspace: token_embedding_backward_workspace_bytes(N) bytes.
 size_t token_embedding_backward_workspace_bytes(int N);
-void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
-                              void* workspace, cudaStream_t s);
+void vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0, int Vl,
+                              bool accumulate, void* workspace, cudaStream_t s);
 // *acc += scale · Σ values(n): one block, a fixed order (the row losses of a cross-entropy)
 void add_scaled_sum(double* acc, const double* values, int64_t n, double scale, cudaStream_t s);
 // probs(N,V) = softmax(logits) (may alias); row_loss(N) = -log probs[target]; *loss_sum += scale·Σ row_loss.

@@ -1,5 +1,6 @@
-// Embeddings (token + position, and token only) forward/backward, softmax cross-entropy, the gradient-norm
-// reduction and AdamW. Every reduction runs in a fixed order (no float atomics), so results repeat bit for bit.
+// Embeddings (token + position, and token only: of the whole vocabulary or of one rank's shard) forward/backward,
+// softmax cross-entropy, the gradient-norm reduction and AdamW. Every reduction runs in a fixed order (no float
+// atomics), so results repeat bit for bit.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
@@ -23,11 +24,15 @@ __global__ void embedding_forward_kernel(float* x, const int32_t* tok, const flo
     x[int64_t(r) * C + c] = wte[int64_t(tok[r]) * C + c] + wpe[int64_t(r % T) * C + c];
 }
 
-// x(rows,C) = w[tok[r]]: columns over x, rows grid-strided over y.
-__global__ void token_embedding_forward_kernel(float* x, const int32_t* tok, const float* w, int rows, int C) {
+// x(rows,C) = w[tok[r] − v0] where the token is in [v0, v0 + Vl), else 0: columns over x, rows grid-strided over y.
+__global__ void vocab_embedding_forward_kernel(float* x, const int32_t* tok, const float* w, int rows, int C, int v0,
+                                               int Vl) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  for (int r = blockIdx.y; r < rows; r += gridDim.y) x[int64_t(r) * C + c] = w[int64_t(tok[r]) * C + c];
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int64_t t = int64_t(tok[r]) - v0;
+    x[int64_t(r) * C + c] = t >= 0 && t < Vl ? w[t * C + c] : 0.f;
+  }
 }
 
 // rows(n) = 0, 1, …, n−1: the values the token sort carries along
@@ -35,21 +40,24 @@ __global__ void iota_kernel(int32_t* rows, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) rows[i] = i;
 }
 
-// dwte(V,C) (+)= scatter of dx(rows,C) by token, from the row indices sorted by token (a stable sort, so the rows
-// of one token are in increasing order). The first sorted position of each token owns that token's row: one
+// dw(Vl,C) (+)= scatter of dx(rows,C) by token − v0, from the row indices sorted by token (a stable sort, so the
+// rows of one token are in increasing order). The first sorted position of each token owns that token's row: one
 // thread per column starts from the old value (accumulate) or 0 and adds the token's dx rows in row order, the
-// same additions in the same order as the CPU backend (deterministic, no atomics). Tokens outside [0,V) are
-// skipped. Block: kScatterColumns columns over x; sorted positions grid-strided over blockIdx.x.
-__global__ void embedding_backward_sorted_kernel(float* dwte, const float* dx, const int32_t* sorted_tok,
-                                                 const int32_t* sorted_row, int rows, int C, int V, bool accumulate) {
+// same additions in the same order as the CPU backend (deterministic, no atomics). Tokens outside [v0, v0 + Vl)
+// (another rank's shard) are skipped. Block: kScatterColumns columns over x; sorted positions grid-strided over
+// blockIdx.x.
+__global__ void embedding_backward_sorted_kernel(float* dw, const float* dx, const int32_t* sorted_tok,
+                                                 const int32_t* sorted_row, int rows, int C, int v0, int Vl,
+                                                 bool accumulate) {
   const int c = blockIdx.y * kScatterColumns + threadIdx.x;
   if (c >= C) return;
   for (int p = blockIdx.x; p < rows; p += gridDim.x) {
     const int token = sorted_tok[p];
-    if ((p > 0 && sorted_tok[p - 1] == token) || token < 0 || token >= V) continue;  // not the first of a token
+    const int64_t t = int64_t(token) - v0;
+    if ((p > 0 && sorted_tok[p - 1] == token) || t < 0 || t >= Vl) continue;  // not the first of a token
     int end = p + 1;
     while (end < rows && sorted_tok[end] == token) ++end;
-    float* out = dwte + int64_t(token) * C + c;
+    float* out = dw + t * C + c;
     float acc = accumulate ? *out : 0.f;
     int q = p;
     for (; q + 4 <= end; q += 4) {  // four loads in flight, added in order
@@ -170,10 +178,10 @@ size_t token_embedding_backward_workspace_bytes(int rows) {
   return 3 * align_up(sizeof(int32_t) * size_t(rows)) + align_up(sort_temp_bytes(rows));
 }
 
-void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V, bool accumulate,
-                              void* workspace, cudaStream_t s) {
-  if (C <= 0 || V <= 0) return;
-  if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * size_t(V) * C, s));  // tokens not seen
+void vocab_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int v0, int Vl,
+                              bool accumulate, void* workspace, cudaStream_t s) {
+  if (C <= 0 || Vl <= 0) return;
+  if (!accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * size_t(Vl) * C, s));  // tokens not seen
   if (N <= 0) return;
   // workspace: row indices (N), sorted tokens (N), sorted row indices (N), then cub's temporary storage
   char* at = static_cast<char*>(workspace);
@@ -189,7 +197,7 @@ void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, in
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tok, sorted_tok, row_index, sorted_row, N, 0, 32, s));
   const unsigned positions = unsigned(N < 4096 ? N : 4096);
   dim3 grid(positions, (C + kScatterColumns - 1) / kScatterColumns);
-  embedding_backward_sorted_kernel<<<grid, kScatterColumns, 0, s>>>(dw, dx, sorted_tok, sorted_row, N, C, V,
+  embedding_backward_sorted_kernel<<<grid, kScatterColumns, 0, s>>>(dw, dx, sorted_tok, sorted_row, N, C, v0, Vl,
                                                                      accumulate);
   CUDA_CHECK_LAUNCH();
 }
@@ -197,17 +205,18 @@ void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, in
 void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                         bool accumulate_wte, bool accumulate_wpe, void* workspace, cudaStream_t s) {
   if (C <= 0) return;
-  token_embedding_backward(dwte, dx, tok, B * T, C, V, accumulate_wte, workspace, s);
+  vocab_embedding_backward(dwte, dx, tok, B * T, C, 0, V, accumulate_wte, workspace, s);  // the whole vocabulary
   if (T > 0) {
     embedding_backward_wpe_kernel<<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, dx, B, T, C, accumulate_wpe);
     CUDA_CHECK_LAUNCH();
   }
 }
 
-void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, cudaStream_t s) {
+void vocab_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C, int v0, int Vl,
+                             cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
   dim3 grid((C + 255) / 256, grid_rows(N));
-  token_embedding_forward_kernel<<<grid, 256, 0, s>>>(x, tok, w, N, C);
+  vocab_embedding_forward_kernel<<<grid, 256, 0, s>>>(x, tok, w, N, C, v0, Vl);
   CUDA_CHECK_LAUNCH();
 }
 

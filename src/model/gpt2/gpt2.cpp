@@ -1,4 +1,5 @@
-// The GPT-2 family: its [model] keys, parameters (tied token embedding, pre-LN blocks) and FLOPs.
+// The GPT-2 family: its [model] keys, parameters (tied token embedding, pre-LN blocks, each as an attention and
+// an MLP segment) and FLOPs.
 // Registered in model/registry.cpp as model.kind = "gpt".
 #include <cmath>
 
@@ -37,16 +38,29 @@ Model build(const ModelSpec& s) {
   emb.params = {wte, m.add_param("wpe", {T, C}, InitKind::Normal, std, true)};
   m.segments.push_back(emb);
 
+  // A block is two segments, its attention and MLP halves (tensor parallelism sums each half's partial output
+  // between them); the parameters keep the order of the block's: ln1, attn, ln2, mlp.
+  // FLOPs: matmuls qkv 3C*C and proj C*C, fc F*C and proj C*F (2 FLOPs each); causal attention: QK^T and AV over
+  // (T+1)/2 keys on average per query, 2*C FLOPs per key each.
+  const double attention = 2.0 * 2.0 * C * (T * (T + 1) / 2.0);
   for (int l = 0; l < L; ++l) {
     std::string b = cat("blocks.", l, ".");
-    Segment blk{&block_type(), cat("blocks.", l), l, {}, 0};
-    blk.params = {
+    Segment att{&attention_type(), b + "attn", l, {}, 0};
+    att.params = {
         m.add_param(b + "ln1.weight", {C}, InitKind::Ones, 0, false),
         m.add_param(b + "ln1.bias", {C}, InitKind::Zeros, 0, false),
         m.add_param(b + "attn.qkv.weight", {3 * C, C}, InitKind::Normal, std, true),
         m.add_param(b + "attn.qkv.bias", {3 * C}, InitKind::Zeros, 0, false),
         m.add_param(b + "attn.proj.weight", {C, C}, InitKind::Normal, proj_std, true),
         m.add_param(b + "attn.proj.bias", {C}, InitKind::Zeros, 0, false),
+    };
+    PIPER_CHECK(att.params.size() == kAttentionParams, "gpt2 attention parameter list out of order");
+    att.fwd_flops_per_sample = 2.0 * T * 4.0 * C * C + attention;
+    att.tail_flops_per_sample = attention;  // selective recompute redoes the attention, not the products
+    m.segments.push_back(att);
+
+    Segment mlp{&mlp_type(), b + "mlp", l, {}, 0};
+    mlp.params = {
         m.add_param(b + "ln2.weight", {C}, InitKind::Ones, 0, false),
         m.add_param(b + "ln2.bias", {C}, InitKind::Zeros, 0, false),
         m.add_param(b + "mlp.fc.weight", {F, C}, InitKind::Normal, std, true),
@@ -54,14 +68,9 @@ Model build(const ModelSpec& s) {
         m.add_param(b + "mlp.proj.weight", {C, F}, InitKind::Normal, proj_std, true),
         m.add_param(b + "mlp.proj.bias", {C}, InitKind::Zeros, 0, false),
     };
-    PIPER_CHECK(blk.params.size() == kBlockParams, "gpt2 block parameter list out of order");
-    // matmuls: qkv 3C*C, proj C*C, fc F*C, proj C*F (2 FLOPs each), causal attention:
-    // QK^T and AV over (T+1)/2 keys on average per query, 2*C FLOPs per key each.
-    double matmul = 2.0 * T * (4.0 * C * C + 2.0 * C * F);
-    double attention = 2.0 * 2.0 * C * (T * (T + 1) / 2.0);
-    blk.fwd_flops_per_sample = matmul + attention;
-    blk.tail_flops_per_sample = attention;  // selective recompute redoes the attention, not the products
-    m.segments.push_back(blk);
+    PIPER_CHECK(mlp.params.size() == kMlpParams, "gpt2 MLP parameter list out of order");
+    mlp.fwd_flops_per_sample = 2.0 * T * 2.0 * C * F;  // its rerun (the layernorm) counts no FLOPs
+    m.segments.push_back(mlp);
   }
 
   Segment head{&head_type(), "head", int(L - 1), {}, 0};
@@ -76,7 +85,8 @@ Model build(const ModelSpec& s) {
 
 const Family& gpt2_family() {
   static const Family f{.kind = "gpt", .reads_tokens = true, .keys = keys(), .build = build,
-                        .segment_types = {&gpt2::embedding_type(), &gpt2::block_type(), &gpt2::head_type()},
+                        .segment_types = {&gpt2::embedding_type(), &gpt2::attention_type(), &gpt2::mlp_type(),
+                                          &gpt2::head_type()},
                         .to_hf = gpt2::to_hf, .from_hf = gpt2::from_hf};
   return f;
 }

@@ -1,44 +1,25 @@
-// GPT-2 segment math over backend kernels: embedding, pre-LN transformer block, LN_f + tied LM head +
-// cross-entropy; their buffer sizes. Shapes: n = samples·T rows, C model width, F MLP width.
+// GPT-2 segment math over backend kernels: embedding, the pre-LN block's attention and MLP halves, LN_f + tied LM
+// head + cross-entropy; their buffer sizes. Shapes: n = samples·T rows, C model width, NH heads, F MLP width. The
+// halves are tensor-parallel (Megatron): on rank t of k, the heads and the hidden units are this rank's part.
 #include "model/gpt2/gpt2_segments.hpp"
 
+#include "model/stash_carver.hpp"
 #include "util/error.hpp"
 
 namespace piper::gpt2 {
 
-BlockStash::BlockStash(StashParts p, int64_t n, int64_t C, int64_t F, int64_t B, int64_t NH, int64_t T) {
-  StashCarver c(p);
-  ln1_mean = c.keep<float>(n);
-  ln1_rstd = c.keep<float>(n);
-  qkv = c.keep<float>(n * 3 * C);
-  xmid = c.keep<float>(n * C);
-  ln2_mean = c.keep<float>(n);
-  ln2_rstd = c.keep<float>(n);
-  fc_dgelu = c.keep<float>(n * F);  // gelu'(fc pre-activation), for the backward
-  fc_gelu = c.keep<float>(n * F);
-  c.tail(ln1, n * C);
-  c.tail(att, B * NH * T * T);
-  c.tail(atty, n * C);
-  c.tail(ln2, n * C);
-  c.finish();
-  bytes = c.bytes();
-  kept_bytes = c.kept_bytes;
-}
-
-BlockWStash::BlockWStash(int64_t n, int64_t C, int64_t F) {
-  size_t o = 0;
-  auto take = [&](int64_t count) { size_t at = o; o += size_t(count); return at; };
-  dfc_pre = take(n * F);
-  dln2 = take(n * C);
-  dxmid = take(n * C);
-  dqkv = take(n * 3 * C);
-  dln1 = take(n * C);
-  total = o;
-}
-
 namespace {
 
 const size_t f = sizeof(float), i32 = sizeof(int32_t);  // token and target ids are int32
+
+// A block half's shapes on one rank of a tensor-parallel group of `shards` (tp_refusal says they divide): H of the
+// NH heads, A = H·(C/NH) columns of each of q, k and v (and of the attention output), F hidden units.
+struct Shape {
+  int b, T, n, C, H, A, F;
+  Shape(const ModelDims& d, int samples, int shards)
+      : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), H(d.n_heads / shards),
+        A(d.d_model / shards), F(d.d_ff / shards) {}
+};
 
 SegmentSizes embedding_sizes(const Segment&, const ModelDims& d, int samples) {
   SegmentSizes s;
@@ -46,38 +27,6 @@ SegmentSizes embedding_sizes(const Segment&, const ModelDims& d, int samples) {
   s.out_bytes = size_t(n * d.d_model) * f;
   s.stash_bytes = size_t(n) * i32;  // tokens
   return s;
-}
-
-SegmentSizes block_sizes(const Segment&, const ModelDims& d, int samples) {
-  SegmentSizes s;
-  const int64_t b = samples, n = b * d.seq_len;
-  BlockStash st(StashParts{}, n, d.d_model, d.d_ff, b, d.n_heads, d.seq_len);
-  BlockWStash ws(n, d.d_model, d.d_ff);
-  s.input_bytes = s.out_bytes = size_t(n * d.d_model) * f;
-  s.stash_bytes = st.bytes;
-  s.stash_kept_bytes = st.kept_bytes;
-  s.wstash_bytes = ws.total * f;
-  s.workspace_bytes = (ws.total + size_t(n * d.d_model)) * f;  // fused backward: wstash + d(atty)
-  return s;
-}
-
-SegmentSizes head_sizes(const Segment&, const ModelDims& d, int samples) {
-  SegmentSizes s;
-  int64_t n = int64_t(samples) * d.seq_len;
-  s.input_bytes = size_t(n * d.d_model) * f;
-  // targets, ln_f out, mean, rstd, probs (overwritten by dlogits in backward)
-  s.stash_bytes = size_t(n) * i32 + size_t(n * d.d_model + 2 * n + n * int64_t(d.vocab)) * f;
-  s.wstash_bytes = size_t(n * d.d_model) * f;  // d(ln_f out)
-  s.workspace_bytes = s.wstash_bytes;
-  return s;
-}
-
-size_t block_scratch_floats(const Kernels& k, const ModelDims& d, int samples) {
-  return k.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads);
-}
-
-uint64_t block_scratch_estimate(const ModelDims& d, int, int threads) {
-  return uint64_t(threads) * uint64_t(d.seq_len) * uint64_t(d.seq_len) * sizeof(float);
 }
 
 // ---- GPT embedding: tokens(b,T) → x(n,C) ----
@@ -92,70 +41,228 @@ void embedding_backward_weight(Kernels& k, const Segment&, const ModelDims& d, c
                        io.accumulate(kWpe));
 }
 
-// ---- GPT block: x(n,C) → x + attn(ln1 x) → + mlp(ln2 ·). Parameters in BlockParam order ----
-void block_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int b = io.samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads;
-  const int n = b * T;
-  BlockStash st(StashParts::of(io), n, C, F, b, NH, T);
-  const float* const* w = io.w;
-  k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, w[kLn1W], w[kLn1B], n, C);  // (n,C)
-  k.linear_forward(st.qkv, st.ln1, w[kQkvW], w[kQkvB], n, C, 3 * C);                              // (n,3C)
-  k.attention_forward(st.atty, st.att, st.qkv, b, T, C, NH);                         // (n,C)
-  k.linear_forward(io.out, st.atty, w[kAttnProjW], w[kAttnProjB], n, C, C);                                    // (n,C)
-  k.add(st.xmid, io.in, io.out, size_t(n) * C);                                              // residual
-  k.layernorm_forward(st.ln2, st.ln2_mean, st.ln2_rstd, st.xmid, w[kLn2W], w[kLn2B], n, C);
-  k.linear_gelu_forward(st.fc_dgelu, st.fc_gelu, st.ln2, w[kFcW], w[kFcB], n, C, F);        // (n,F)
-  k.linear_forward(io.out, st.fc_gelu, w[kMlpProjW], w[kMlpProjB], n, F, C);                               // (n,C)
-  k.accumulate(io.out, st.xmid, size_t(n) * C);                                              // residual
+// A bias added after a split product (by shard 0 alone): its gradient is shard 0's; the others' are zeros when
+// overwriting and nothing when accumulating, so that the sum over the group is the gradient.
+float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
+  if (io.shard == 0) return io.g[slot];
+  if (!io.accumulate(slot)) k.fill(io.g[slot], 0.f, size_t(C));
+  return nullptr;
 }
 
-// The normed inputs and the attention, from the kept qkv, residual midpoint and statistics: what selective
-// recompute redoes, with the forward's calls.
-void block_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int b = io.samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads;
-  const int n = b * T;
-  BlockStash st(StashParts::of(io), n, C, F, b, NH, T);
-  const float* const* w = io.w;
-  k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, w[kLn1W], w[kLn1B], n, C);  // (n,C)
-  k.attention_forward(st.atty, st.att, st.qkv, b, T, C, NH);                                // (n,C)
-  k.layernorm_forward(st.ln2, st.ln2_mean, st.ln2_rstd, st.xmid, w[kLn2W], w[kLn2B], n, C);
+// ---- attention half: x(n,C) → x + proj(attn(qkv(ln1 x))). Parameters in AttentionParam order ----
+// Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
+// keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
+struct AttentionStash {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
+  size_t bytes, kept_bytes;
+  AttentionStash(StashParts p, const Shape& s) {
+    StashCarver c(p);
+    ln1_mean = c.keep<float>(s.n);                  // (n)
+    ln1_rstd = c.keep<float>(s.n);                  // (n)
+    qkv = c.keep<float>(int64_t(s.n) * 3 * s.A);    // (n,3A): this rank's q, k, v
+    c.tail(ln1, int64_t(s.n) * s.C);                // (n,C)
+    c.tail(att, int64_t(s.b) * s.H * s.T * s.T);    // (b,H,T,T)
+    c.tail(atty, int64_t(s.n) * s.A);               // (n,A)
+    c.finish();
+    bytes = c.bytes();
+    kept_bytes = c.kept_bytes;
+  }
+};
+
+// Backward-input → backward-weight: d qkv and d(normed input).
+struct AttentionWStash {
+  float *dqkv, *dln1;
+  size_t floats;
+  AttentionWStash(float* p, const Shape& s) {
+    StashCarver c(p);
+    dqkv = c.keep<float>(int64_t(s.n) * 3 * s.A);  // (n,3A)
+    dln1 = c.keep<float>(int64_t(s.n) * s.C);      // (n,C), partial over ranks
+    floats = c.bytes() / sizeof(float);
+  }
+};
+
+SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  const Shape s(d, samples, seg.shards);
+  SegmentSizes z;
+  z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
+  const AttentionStash st(StashParts{}, s);
+  z.stash_bytes = st.bytes;
+  z.stash_kept_bytes = st.kept_bytes;
+  z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.A * f;  // fused backward: wstash + d(atty)
+  return z;
 }
 
-void block_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int b = io.samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads;
-  const int n = b * T;
-  BlockStash st(StashParts::of(io), n, C, F, b, NH, T);
-  BlockWStash ws(n, C, F);
-  float* W = io.wstash;
+void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  AttentionStash st(StashParts::of(io), s);
   const float* const* w = io.w;
-  float* datty = io.workspace;  // (n,C)
-  k.linear_backward_input(W + ws.dfc_pre, io.dout, w[kMlpProjW], n, F, C, false);             // d gelu out (n,F)
-  k.gelu_backward(W + ws.dfc_pre, W + ws.dfc_pre, st.fc_dgelu, size_t(n) * F);      // d fc pre (n,F)
-  k.linear_backward_input(W + ws.dln2, W + ws.dfc_pre, w[kFcW], n, C, F, false);           // d ln2 out (n,C)
-  k.copy(W + ws.dxmid, io.dout, sizeof(float) * size_t(n) * C);                         // residual path
-  k.layernorm_backward_input(W + ws.dxmid, W + ws.dln2, st.xmid, st.ln2_mean, st.ln2_rstd, w[kLn2W], n, C,
-                             true);                                                     // d xmid (n,C)
-  k.linear_backward_input(datty, W + ws.dxmid, w[kAttnProjW], n, C, C, false);                   // d atty (n,C)
-  k.attention_backward(W + ws.dqkv, datty, st.qkv, st.att, io.scratch, b, T, C, NH);  // (n,3C)
-  k.linear_backward_input(W + ws.dln1, W + ws.dqkv, w[kQkvW], n, C, 3 * C, false);          // d ln1 out (n,C)
-  k.copy(io.din, W + ws.dxmid, sizeof(float) * size_t(n) * C);                          // residual path
-  k.layernorm_backward_input(io.din, W + ws.dln1, io.in, st.ln1_mean, st.ln1_rstd, w[kLn1W], n, C, true);
+  const bool first = io.shard == 0;  // adds the bias after the split product, and the residual
+  k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, w[kLn1W], w[kLn1B], s.n, s.C);  // (n,C)
+  k.linear_forward(st.qkv, st.ln1, w[kQkvW], w[kQkvB], s.n, s.C, 3 * s.A);                       // (n,3A)
+  k.attention_forward(st.atty, st.att, st.qkv, s.b, s.T, s.A, s.H);                             // (n,A)
+  k.linear_forward(io.out, st.atty, w[kAttnProjW], first ? w[kAttnProjB] : nullptr, s.n, s.A, s.C);  // partial
+  if (first) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                   // residual
 }
 
-void block_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int b = io.samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads;
-  const int n = b * T;
-  BlockStash st(StashParts::of(io), n, C, F, b, NH, T);
-  BlockWStash ws(n, C, F);
-  const float* W = io.wstash;
+// The normed input and the attention, from the kept qkv and statistics, with the forward's calls.
+void attention_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  AttentionStash st(StashParts::of(io), s);
+  k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, io.w[kLn1W], io.w[kLn1B], s.n, s.C);  // (n,C)
+  k.attention_forward(st.atty, st.att, st.qkv, s.b, s.T, s.A, s.H);                                  // (n,A)
+}
+
+void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  AttentionStash st(StashParts::of(io), s);
+  AttentionWStash ws(io.wstash, s);
+  const float* const* w = io.w;
+  float* datty = io.workspace;  // (n,A)
+  k.linear_backward_input(datty, io.dout, w[kAttnProjW], s.n, s.A, s.C, false);
+  k.attention_backward(ws.dqkv, datty, st.qkv, st.att, io.scratch, s.b, s.T, s.A, s.H);  // (n,3A)
+  k.linear_backward_input(ws.dln1, ws.dqkv, w[kQkvW], s.n, s.C, 3 * s.A, false);          // d ln1 out (n,C)
+  if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);        // residual path
+  k.layernorm_backward_input(io.din, ws.dln1, io.in, st.ln1_mean, st.ln1_rstd, w[kLn1W], s.n, s.C, io.shard == 0);
+}
+
+void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  AttentionStash st(StashParts::of(io), s);
+  AttentionWStash ws(io.wstash, s);
   float* const* g = io.g;
-  k.linear_backward_weight(g[kMlpProjW], g[kMlpProjB], io.dout, st.fc_gelu, n, F, C, io.accumulate(kMlpProjW));
-  k.linear_backward_weight(g[kFcW], g[kFcB], W + ws.dfc_pre, st.ln2, n, C, F, io.accumulate(kFcW));
-  k.layernorm_backward_weight(g[kLn2W], g[kLn2B], W + ws.dln2, st.xmid, st.ln2_mean, st.ln2_rstd, n, C,
+  k.linear_backward_weight(g[kAttnProjW], first_shard_bias(k, io, kAttnProjB, s.C), io.dout, st.atty, s.n, s.A, s.C,
+                           io.accumulate(kAttnProjW));
+  k.linear_backward_weight(g[kQkvW], g[kQkvB], ws.dqkv, st.ln1, s.n, s.C, 3 * s.A, io.accumulate(kQkvW));
+  k.layernorm_backward_weight(g[kLn1W], g[kLn1B], ws.dln1, io.in, st.ln1_mean, st.ln1_rstd, s.n, s.C,
+                              io.accumulate(kLn1W));
+}
+
+size_t attention_scratch_floats(const Kernels& k, const ModelDims& d, int samples) {
+  return k.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads);  // enough for a rank's heads too
+}
+
+uint64_t attention_scratch_estimate(const ModelDims& d, int, int threads) {
+  return uint64_t(threads) * uint64_t(d.seq_len) * uint64_t(d.seq_len) * sizeof(float);
+}
+
+// Megatron: qkv by rows, each of q, k and v apart (C/k rows of each: H/k heads a rank), proj by columns; the
+// layernorm and proj's bias (added by shard 0) copied.
+ParamSplit attention_tp_split(const ModelDims& d, int slot, int k) {
+  const int64_t C = d.d_model;
+  switch (slot) {
+    case kQkvW: return {3, C / k * C};                  // (3C,C): q, k, v stacked
+    case kQkvB: return {3, C / k};                      // (3C)
+    case kAttnProjW: return ParamSplit::cols(C, C, k);  // (C,C)
+    default: return ParamSplit::copy();                 // ln1, proj's bias
+  }
+}
+
+std::string attention_tp_refusal(const ModelDims& d, int k) {
+  if (k < 1) return cat(k, " ranks: a group needs at least one");
+  return d.n_heads % k == 0 ? "" : cat(d.n_heads, " heads do not divide among ", k, " ranks");
+}
+
+// ---- MLP half: x(n,C) → x + proj(gelu(fc(ln2 x))). Parameters in MlpParam order ----
+// Forward → backward: ln2's statistics and output, the GELU's output and derivative. Selective recompute keeps the
+// statistics and the GELU's output and derivative (made from a product) and recomputes the normed input.
+struct MlpStash {
+  float *ln2, *ln2_mean, *ln2_rstd, *fc_dgelu, *fc_gelu;
+  size_t bytes, kept_bytes;
+  MlpStash(StashParts p, const Shape& s) {
+    StashCarver c(p);
+    ln2_mean = c.keep<float>(s.n);                  // (n)
+    ln2_rstd = c.keep<float>(s.n);                  // (n)
+    fc_dgelu = c.keep<float>(int64_t(s.n) * s.F);   // gelu'(fc pre-activation) (n,F), for the backward
+    fc_gelu = c.keep<float>(int64_t(s.n) * s.F);    // (n,F)
+    c.tail(ln2, int64_t(s.n) * s.C);                // (n,C)
+    c.finish();
+    bytes = c.bytes();
+    kept_bytes = c.kept_bytes;
+  }
+};
+
+// Backward-input → backward-weight: d(fc pre-activation) and d(normed input).
+struct MlpWStash {
+  float *dfc_pre, *dln2;
+  size_t floats;
+  MlpWStash(float* p, const Shape& s) {
+    StashCarver c(p);
+    dfc_pre = c.keep<float>(int64_t(s.n) * s.F);  // (n,F)
+    dln2 = c.keep<float>(int64_t(s.n) * s.C);     // (n,C), partial over ranks
+    floats = c.bytes() / sizeof(float);
+  }
+};
+
+SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  const Shape s(d, samples, seg.shards);
+  SegmentSizes z;
+  z.input_bytes = z.out_bytes = size_t(s.n) * s.C * f;
+  const MlpStash st(StashParts{}, s);
+  z.stash_bytes = st.bytes;
+  z.stash_kept_bytes = st.kept_bytes;
+  z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
+  z.workspace_bytes = z.wstash_bytes;  // fused backward: the wstash
+  return z;
+}
+
+void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  MlpStash st(StashParts::of(io), s);
+  const float* const* w = io.w;
+  const bool first = io.shard == 0;  // adds the bias after the split product, and the residual
+  k.layernorm_forward(st.ln2, st.ln2_mean, st.ln2_rstd, io.in, w[kLn2W], w[kLn2B], s.n, s.C);       // (n,C)
+  k.linear_gelu_forward(st.fc_dgelu, st.fc_gelu, st.ln2, w[kFcW], w[kFcB], s.n, s.C, s.F);          // (n,F)
+  k.linear_forward(io.out, st.fc_gelu, w[kMlpProjW], first ? w[kMlpProjB] : nullptr, s.n, s.F, s.C);  // partial
+  if (first) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                        // residual
+}
+
+// The normed input, from the kept statistics, with the forward's call.
+void mlp_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  MlpStash st(StashParts::of(io), s);
+  k.layernorm_forward(st.ln2, st.ln2_mean, st.ln2_rstd, io.in, io.w[kLn2W], io.w[kLn2B], s.n, s.C);  // (n,C)
+}
+
+void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  MlpStash st(StashParts::of(io), s);
+  MlpWStash ws(io.wstash, s);
+  const float* const* w = io.w;
+  k.linear_backward_input(ws.dfc_pre, io.dout, w[kMlpProjW], s.n, s.F, s.C, false);   // d gelu out (n,F)
+  k.gelu_backward(ws.dfc_pre, ws.dfc_pre, st.fc_dgelu, size_t(s.n) * s.F);             // d fc pre (n,F)
+  k.linear_backward_input(ws.dln2, ws.dfc_pre, w[kFcW], s.n, s.C, s.F, false);         // d ln2 out (n,C)
+  if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);     // residual path
+  k.layernorm_backward_input(io.din, ws.dln2, io.in, st.ln2_mean, st.ln2_rstd, w[kLn2W], s.n, s.C, io.shard == 0);
+}
+
+void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const Shape s(d, io.samples, io.shards);
+  MlpStash st(StashParts::of(io), s);
+  MlpWStash ws(io.wstash, s);
+  float* const* g = io.g;
+  k.linear_backward_weight(g[kMlpProjW], first_shard_bias(k, io, kMlpProjB, s.C), io.dout, st.fc_gelu, s.n, s.F, s.C,
+                           io.accumulate(kMlpProjW));
+  k.linear_backward_weight(g[kFcW], g[kFcB], ws.dfc_pre, st.ln2, s.n, s.C, s.F, io.accumulate(kFcW));
+  k.layernorm_backward_weight(g[kLn2W], g[kLn2B], ws.dln2, io.in, st.ln2_mean, st.ln2_rstd, s.n, s.C,
                               io.accumulate(kLn2W));
-  k.linear_backward_weight(g[kAttnProjW], g[kAttnProjB], W + ws.dxmid, st.atty, n, C, C, io.accumulate(kAttnProjW));
-  k.linear_backward_weight(g[kQkvW], g[kQkvB], W + ws.dqkv, st.ln1, n, C, 3 * C, io.accumulate(kQkvW));
-  k.layernorm_backward_weight(g[kLn1W], g[kLn1B], W + ws.dln1, io.in, st.ln1_mean, st.ln1_rstd, n, C, io.accumulate(kLn1W));
+}
+
+// Megatron: fc by rows (F/k hidden units a rank, with their biases), proj by columns; the layernorm and proj's
+// bias (added by shard 0) copied.
+ParamSplit mlp_tp_split(const ModelDims& d, int slot, int k) {
+  const int64_t C = d.d_model, F = d.d_ff;
+  switch (slot) {
+    case kFcW: return ParamSplit::rows(F, C, k);       // (F,C)
+    case kFcB: return ParamSplit::rows(F, 1, k);       // (F)
+    case kMlpProjW: return ParamSplit::cols(C, F, k);  // (C,F)
+    default: return ParamSplit::copy();                // ln2, proj's bias
+  }
+}
+
+std::string mlp_tp_refusal(const ModelDims& d, int k) {
+  if (k < 1) return cat(k, " ranks: a group needs at least one");
+  return d.d_ff % k == 0 ? "" : cat("d_ff ", d.d_ff, " does not divide among ", k, " ranks");
 }
 
 // ---- GPT head: ln_f, tied LM head (the embedding's wte), cross-entropy. Stash: targets(n) | lf(n,C) | mean(n) | rstd(n) | probs(n,V)
@@ -170,6 +277,17 @@ struct HeadStash {
     probs = rstd + n;
   }
 };
+
+SegmentSizes head_sizes(const Segment&, const ModelDims& d, int samples) {
+  SegmentSizes s;
+  int64_t n = int64_t(samples) * d.seq_len;
+  s.input_bytes = size_t(n * d.d_model) * f;
+  // targets, ln_f out, mean, rstd, probs (overwritten by dlogits in backward)
+  s.stash_bytes = size_t(n) * i32 + size_t(n * d.d_model + 2 * n + n * int64_t(d.vocab)) * f;
+  s.wstash_bytes = size_t(n * d.d_model) * f;  // d(ln_f out)
+  s.workspace_bytes = s.wstash_bytes;
+  return s;
+}
 
 void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const int n = io.samples * d.seq_len, C = d.d_model, V = d.vocab;
@@ -203,11 +321,20 @@ const SegmentType& embedding_type() {
   return t;
 }
 
-const SegmentType& block_type() {
-  static const SegmentType t{.name = "gpt2.block", .sizes = block_sizes, .forward = block_forward,
-                             .backward_input = block_backward_input, .backward_weight = block_backward_weight,
-                             .rerun_tail = block_rerun_tail, .scratch_floats = block_scratch_floats,
-                             .scratch_estimate = block_scratch_estimate};
+const SegmentType& attention_type() {
+  static const SegmentType t{.name = "gpt2.attention", .sizes = attention_sizes, .forward = attention_forward,
+                             .backward_input = attention_backward_input,
+                             .backward_weight = attention_backward_weight, .rerun_tail = attention_rerun_tail,
+                             .scratch_floats = attention_scratch_floats,
+                             .scratch_estimate = attention_scratch_estimate, .tp_split = attention_tp_split,
+                             .tp_refusal = attention_tp_refusal};
+  return t;
+}
+
+const SegmentType& mlp_type() {
+  static const SegmentType t{.name = "gpt2.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
+                             .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight,
+                             .rerun_tail = mlp_rerun_tail, .tp_split = mlp_tp_split, .tp_refusal = mlp_tp_refusal};
   return t;
 }
 

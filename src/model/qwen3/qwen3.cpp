@@ -1,5 +1,5 @@
 // The Qwen3 family (model.kind = "qwen3"): its [model] keys, parameters under Hugging Face's state-dict
-// names (Qwen3ForCausalLM), segments (embedding, attention | MLP halves of each layer, head) and FLOPs.
+// names (Qwen3ForCausalLM), segments (embedding, attention | MLP halves of each layer, head, loss) and FLOPs.
 #include <cmath>
 #include <memory>
 
@@ -168,6 +168,7 @@ Model build(const ModelSpec& s) {
   head.params = {final_norm, s.tie_embeddings ? embed : matrix("lm_head.weight", V, C)};
   head.fwd_flops_per_sample = 2.0 * T * C * V;
   m.segments.push_back(head);
+  m.segments.push_back(Segment{&loss_type(), "loss", int(L - 1), {}, 0});
   return m;
 }
 
@@ -183,7 +184,8 @@ const Family& qwen3_family() {
   static const Family f{.kind = "qwen3", .reads_tokens = true, .keys = keys(), .build = build,
                         .segment_types = {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(),
                                           &qwen3::moe_dispatch_type(), &qwen3::moe_experts_type(),
-                                          &qwen3::moe_combine_type(), &qwen3::head_type()}};
+                                          &qwen3::moe_combine_type(), &qwen3::head_type(),
+                                          &qwen3::loss_type()}};
   return f;
 }
 

@@ -71,6 +71,16 @@ struct DispatchWStash {
   }
 };
 
+// Rank `shard` of a tensor-parallel group of `shards` routes its share of the microbatch: sequences
+// [shard·b/k, (shard+1)·b/k), token rows from row0. Its input and output are the whole microbatch's (n,C) — the
+// output is partial: its rows, zeros elsewhere, summed over the group — and the routed rows are its share's alone.
+struct SampleShare {
+  int samples;
+  int64_t row0;
+  SampleShare(const ModelDims& d, int samples_, int shards, int shard)
+      : samples(samples_ / shards), row0(int64_t(shard) * (samples_ / shards) * d.seq_len) {}
+};
+
 // The weight of the balance loss, Σ_q Σ_e f·P, in the training loss: aux_loss_coef / sequences of the global batch
 // (loss_scale is 1 / its tokens); the forward and the router's backward use the same.
 double balance_scale(const ModelDims& d, const SegmentIO& io, const MoeShape& s) {
@@ -78,10 +88,10 @@ double balance_scale(const ModelDims& d, const SegmentIO& io, const MoeShape& s)
 }
 
 // ---------------------------------------------------------------- dispatch: x(n,C) → rows for the experts
-SegmentSizes dispatch_sizes(const Segment&, const ModelDims& d, int samples) {
-  MoeShape s(d, samples);
+SegmentSizes dispatch_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  MoeShape s(d, samples / std::max(1, seg.shards));
   SegmentSizes z;
-  z.input_bytes = size_t(s.n) * s.C * f;
+  z.input_bytes = size_t(samples) * s.T * s.C * f;  // the whole microbatch (n,C)
   z.out_bytes = RaggedRows::bytes(s.E, s.A, s.C);  // counts per expert, then the rows in expert order
   z.stash_bytes = DispatchStash(nullptr, s).bytes;
   z.wstash_bytes = DispatchWStash(nullptr, s).bytes;
@@ -90,10 +100,12 @@ SegmentSizes dispatch_sizes(const Segment&, const ModelDims& d, int samples) {
 }
 
 void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
-  MoeShape s(d, io.samples);
+  const SampleShare share(d, io.samples, io.shards, io.shard);
+  MoeShape s(d, share.samples);
   DispatchStash st(io.stash, s);
-  k.copy(st.x, io.in, size_t(s.n) * s.C * f);
-  k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kMoeNorm], s.n, s.C, s.eps);  // (n,C)
+  const float* x = io.in + share.row0 * s.C;                          // this rank's tokens (n,C)
+  k.copy(st.x, x, size_t(s.n) * s.C * f);
+  k.rmsnorm_forward(st.h, st.rstd, x, io.w[kMoeNorm], s.n, s.C, s.eps);  // (n,C)
   k.linear_forward(st.probs, st.h, io.w[kRouter], nullptr, s.n, s.C, s.E);   // router logits (n,E)
   const float* bias = seg.params.size() > kRouterBias ? io.w[kRouterBias] : nullptr;  // the selection bias (E)
   k.moe_route(st.probs, st.selected, st.weight, st.probs, bias, s.n, s.E, s.K, s.norm_topk);
@@ -108,7 +120,8 @@ void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const 
 }
 
 void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  MoeShape s(d, io.samples);
+  const SampleShare share(d, io.samples, io.shards, io.shard);
+  MoeShape s(d, share.samples);
   DispatchStash st(io.stash, s);
   DispatchWStash ws(io.wstash, s);
   RaggedRows dx(io.dout, s.E);  // d expert inputs, expert-ordered
@@ -118,18 +131,20 @@ void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, con
   k.moe_router_backward(ws.dlogits, st.probs, st.selected, st.weight, st.fraction, st.dweight, s.n, s.T, s.E, s.K,
                         s.norm_topk, balance_scale(d, io, s));
   k.linear_backward_input(ws.dh, ws.dlogits, io.w[kRouter], s.n, s.C, s.E, true);  // + router path
-  k.copy(io.din, st.dresidual, size_t(s.n) * s.C * f);                            // residual path
-  k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, io.w[kMoeNorm], s.n, s.C, true);
+  if (io.shards > 1) k.fill(io.din, 0.f, size_t(io.samples) * s.T * s.C);           // other ranks' rows
+  float* din = io.din + share.row0 * s.C;
+  k.copy(din, st.dresidual, size_t(s.n) * s.C * f);                                 // residual path
+  k.rmsnorm_backward_input(din, ws.dh, st.x, st.rstd, io.w[kMoeNorm], s.n, s.C, true);
 }
 
 void dispatch_backward_weight(Kernels& k, const Segment& seg, const ModelDims& d, const SegmentIO& io) {
-  MoeShape s(d, io.samples);
+  MoeShape s(d, SampleShare(d, io.samples, io.shards, io.shard).samples);
   DispatchStash st(io.stash, s);
   DispatchWStash ws(io.wstash, s);
   // the selection bias is not trained: its gradient is zero (written, so that no buffer keeps another value)
   if (seg.params.size() > kRouterBias && !io.accumulate(kRouterBias)) k.fill(io.g[kRouterBias], 0.f, size_t(s.E));
   k.linear_backward_weight(io.g[kRouter], nullptr, ws.dlogits, st.h, s.n, s.C, s.E, io.accumulate(kRouter));
-  k.rmsnorm_backward_weight(io.g[kMoeNorm], ws.dh, io.in, st.rstd, s.n, s.C, io.accumulate(kMoeNorm));
+  k.rmsnorm_backward_weight(io.g[kMoeNorm], ws.dh, st.x, st.rstd, s.n, s.C, io.accumulate(kMoeNorm));
 }
 
 // ---------------------------------------------------------------- experts: rows → SwiGLU of their expert
@@ -292,11 +307,11 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
 
 // ---------------------------------------------------------------- combine: expert outputs → x + Σ_k w_k y_k
 // With shared experts also + SwiGLU_shared(h), h the dispatch's normed input: a = silu(h·Wgᵀ)·(h·Wuᵀ) (n,S), a·Wdᵀ.
-SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
-  MoeShape s(d, samples);
+SegmentSizes combine_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  MoeShape s(d, samples / std::max(1, seg.shards));
   SegmentSizes z;
   z.input_bytes = RaggedRows::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
-  z.out_bytes = size_t(s.n) * s.C * f;
+  z.out_bytes = size_t(samples) * s.T * s.C * f;      // the whole microbatch (n,C)
   if (s.S > 0) {
     z.stash_bytes = SwigluStash(nullptr, s.n, s.S).bytes;
     z.wstash_bytes = SwigluWStash(nullptr, s.n, s.S).bytes;
@@ -306,35 +321,40 @@ SegmentSizes combine_sizes(const Segment&, const ModelDims& d, int samples) {
 }
 
 void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  MoeShape s(d, io.samples);
+  const SampleShare share(d, io.samples, io.shards, io.shard);
+  MoeShape s(d, share.samples);
   DispatchStash link(io.link, s);
   RaggedRows y(io.in, s.E);
+  if (io.shards > 1) k.fill(io.out, 0.f, size_t(io.samples) * s.T * s.C);  // other ranks' rows
+  float* out = io.out + share.row0 * s.C;                                  // this rank's (n,C)
   if (s.S > 0) {  // out = SwiGLU_shared(h), then the residual and the routed experts are added
     SwigluStash st(io.stash, s.n, s.S);
     k.linear_forward(st.g, link.h, io.w[kSharedGate], nullptr, s.n, s.C, s.S);  // (n,S)
     k.linear_forward(st.u, link.h, io.w[kSharedUp], nullptr, s.n, s.C, s.S);    // (n,S)
     k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.S);
-    k.linear_forward(io.out, st.a, io.w[kSharedDown], nullptr, s.n, s.S, s.C);  // (n,C)
-    k.accumulate(io.out, link.x, size_t(s.n) * s.C);                           // + residual
+    k.linear_forward(out, st.a, io.w[kSharedDown], nullptr, s.n, s.S, s.C);     // (n,C)
+    k.accumulate(out, link.x, size_t(s.n) * s.C);                              // + residual
   } else {
-    k.copy(io.out, link.x, size_t(s.n) * s.C * f);  // residual
+    k.copy(out, link.x, size_t(s.n) * s.C * f);  // residual
   }
-  k.combine_rows(io.out, y.rows, link.position, link.weight, s.n, s.K, s.C, true);  // + Σ_k w_k · y
+  k.combine_rows(out, y.rows, link.position, link.weight, s.n, s.K, s.C, true);  // + Σ_k w_k · y
 }
 
 void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  MoeShape s(d, io.samples);
+  const SampleShare share(d, io.samples, io.shards, io.shard);
+  MoeShape s(d, share.samples);
+  const float* dout = io.dout + share.row0 * s.C;  // this rank's rows (n,C)
   DispatchStash link(io.link, s);
   RaggedRows y(io.in, s.E), dy(io.din, s.E);
   k.copy(dy.counts, link.counts, size_t(s.E) * i32);                                // the dispatch's counts
-  k.gather_rows(dy.rows, io.dout, link.token, link.token_weight, s.A, s.C);  // w · dout (A,C), zeros after the kept
-  k.rows_dot(link.dweight, io.dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
-  k.copy(link.dresidual, io.dout, size_t(s.n) * s.C * f);                                    // residual
+  k.gather_rows(dy.rows, dout, link.token, link.token_weight, s.A, s.C);  // w · dout (A,C), zeros after the kept
+  k.rows_dot(link.dweight, dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
+  k.copy(link.dresidual, dout, size_t(s.n) * s.C * f);                                    // residual
   if (s.S > 0) {  // shared experts: d h into the dispatch's stash, d g and d u for the weights
     SwigluStash st(io.stash, s.n, s.S);
     SwigluWStash ws(io.wstash, s.n, s.S);
     float* da = io.workspace;                                                                  // (n,S)
-    k.linear_backward_input(da, io.dout, io.w[kSharedDown], s.n, s.S, s.C, false);
+    k.linear_backward_input(da, dout, io.w[kSharedDown], s.n, s.S, s.C, false);
     k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(s.n) * s.S);
     k.linear_backward_input(link.dshared, ws.dg, io.w[kSharedGate], s.n, s.C, s.S, false);
     k.linear_backward_input(link.dshared, ws.du, io.w[kSharedUp], s.n, s.C, s.S, true);
@@ -342,12 +362,14 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
 }
 
 void combine_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  MoeShape s(d, io.samples);
+  const SampleShare share(d, io.samples, io.shards, io.shard);
+  MoeShape s(d, share.samples);
   if (s.S == 0) return;
   DispatchStash link(io.link, s);
   SwigluStash st(io.stash, s.n, s.S);
   SwigluWStash ws(io.wstash, s.n, s.S);
-  k.linear_backward_weight(io.g[kSharedDown], nullptr, io.dout, st.a, s.n, s.S, s.C, io.accumulate(kSharedDown));
+  k.linear_backward_weight(io.g[kSharedDown], nullptr, io.dout + share.row0 * s.C, st.a, s.n, s.S, s.C,
+                           io.accumulate(kSharedDown));
   k.linear_backward_weight(io.g[kSharedGate], nullptr, ws.dg, link.h, s.n, s.C, s.S, io.accumulate(kSharedGate));
   k.linear_backward_weight(io.g[kSharedUp], nullptr, ws.du, link.h, s.n, s.C, s.S, io.accumulate(kSharedUp));
 }
@@ -362,12 +384,17 @@ void bias_step(const ModelDims& d, const double* routing, float* delta) {
   for (int e = 0; e < E; ++e) delta[e] = routing[e] < mean ? rate : (routing[e] > mean ? -rate : 0.f);
 }
 
+// Over a tensor-parallel group the dispatch and combine hold their parameters whole and work on their share of
+// the samples (SampleShare): every gradient is partial.
+ParamSplit copied(const ModelDims&, int, int) { return ParamSplit::copy(); }
+
 }  // namespace
 
 const SegmentType& moe_dispatch_type() {
   static const SegmentType t{.name = "qwen3.moe_dispatch", .sizes = dispatch_sizes, .forward = dispatch_forward,
                              .backward_input = dispatch_backward_input, .backward_weight = dispatch_backward_weight,
-                             .adds_balance_loss = true,
+                             .adds_balance_loss = true, .tp_split = copied,
+                             .tp_output = SegmentType::TpOutput::Own, .tp_splits_samples = true,
                              .routed_experts = [](const ModelDims& d) { return d.moe_experts; },
                              .statistics_step = bias_step};
   return t;
@@ -384,7 +411,8 @@ const SegmentType& moe_experts_type() {
 const SegmentType& moe_combine_type() {
   static const SegmentType t{.name = "qwen3.moe_combine", .sizes = combine_sizes, .forward = combine_forward,
                              .backward_input = combine_backward_input, .backward_weight = combine_backward_weight,
-                             .link_offset = -2};
+                             .link_offset = -2, .tp_split = copied, .tp_input_grad_partial = false,
+                             .tp_splits_samples = true};
   return t;
 }
 

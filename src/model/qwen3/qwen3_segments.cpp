@@ -36,7 +36,30 @@ struct Shape {
   }
 };
 
+// A tensor-parallel group's rank holds rows [v0, v0 + Vl) of the vocabulary (the embedding's and the LM head's).
+struct Vocab {
+  int shards, Vl, v0;  // this rank's rows [v0, v0 + Vl) of the vocabulary
+  Vocab(const ModelDims& d, int shards_, int shard) : shards(shards_), Vl(d.vocab / shards_), v0(shard * Vl) {}
+};
+
+// This rank's rows of a (V,C) tensor: its piece, or its rows of the whole (tied embedding and LM head, held whole).
+const float* vocab_rows(const float* w, const ModelDims& d, const Vocab& v) {
+  return d.tie_embeddings ? w + int64_t(v.v0) * d.d_model : w;
+}
+
+// The gradient of this rank's rows of a (V,C) tensor: of a whole one (tied), zeros elsewhere when it is written.
+float* vocab_grad_rows(Kernels& k, float* g, const ModelDims& d, const Vocab& v, bool accumulate) {
+  if (!d.tie_embeddings || v.shards == 1) return g;
+  const int64_t C = d.d_model;
+  if (!accumulate) {
+    k.fill(g, 0.f, size_t(v.v0 * C));
+    k.fill(g + (v.v0 + v.Vl) * C, 0.f, size_t((d.vocab - v.v0 - v.Vl) * C));
+  }
+  return g + v.v0 * C;
+}
+
 // ---------------------------------------------------------------- embedding: tokens(b,T) → x(n,C)
+// Vocabulary-parallel over a tensor-parallel group: a rank's rows for its tokens, zeros for the others (partial).
 SegmentSizes embed_sizes(const Segment&, const ModelDims& d, int samples) {
   Shape s(d, samples);
   SegmentSizes z;
@@ -47,13 +70,26 @@ SegmentSizes embed_sizes(const Segment&, const ModelDims& d, int samples) {
 
 void embed_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  k.token_embedding_forward(io.out, static_cast<const int32_t*>(io.stash), io.w[kEmbedTokens], s.n, s.C);
+  const Vocab v(d, io.shards, io.shard);
+  k.vocab_embedding_forward(io.out, static_cast<const int32_t*>(io.stash), vocab_rows(io.w[kEmbedTokens], d, v), s.n,
+                            s.C, v.v0, v.Vl);  // (n,C)
 }
 
 void embed_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  k.token_embedding_backward(io.g[kEmbedTokens], io.dout, static_cast<const int32_t*>(io.stash), s.n, s.C, s.V,
-                             io.accumulate(kEmbedTokens));
+  const Vocab v(d, io.shards, io.shard);
+  const bool acc = io.accumulate(kEmbedTokens);
+  k.vocab_embedding_backward(vocab_grad_rows(k, io.g[kEmbedTokens], d, v, acc), io.dout,
+                             static_cast<const int32_t*>(io.stash), s.n, s.C, v.v0, v.Vl, acc);  // (Vl,C)
+}
+
+// The embedding by rows (or, tied to the LM head, held whole and used by its rows).
+ParamSplit embed_tp_split(const ModelDims& d, int, int k) {
+  return d.tie_embeddings ? ParamSplit::copy() : ParamSplit::rows(d.vocab, d.d_model, k);
+}
+
+std::string vocab_tp_refusal(const ModelDims& d, int k) {
+  return d.vocab % k == 0 ? std::string() : cat("a vocabulary of ", d.vocab, " does not divide among ", k, " ranks");
 }
 
 // ---------------------------------------------------------------- attention half: x + o(attn(norm x))
@@ -343,24 +379,32 @@ std::string mlp_tp_refusal(const ModelDims& d, int k) {
   return d.d_ff % k == 0 ? "" : cat("d_ff ", d.d_ff, " does not divide among ", k, " ranks");
 }
 
-// ---------------------------------------------------------------- head: final norm, LM head, cross-entropy
-// Stash: targets(n) int32 | h(n,C) | rstd(n) | probs(n,V) (overwritten by dlogits in the backward)
+// ---------------------------------------------------------------- head: final norm, LM head, statistics
+// The head writes the logits of its vocabulary shard and their cross-entropy statistics; the loss segment (the
+// next one, which shares its stash) finishes the cross-entropy from every shard's statistics and writes dlogits in
+// place, which the head's backward reads. On one rank the shard is the whole vocabulary.
+// Stash: targets(n) int32 | h(n,C) | rstd(n) | logits(n,Vl) (then probabilities, then dlogits)
 struct HeadStash {
   int32_t* targets;
-  float *h, *rstd, *probs;
-  HeadStash(void* stash, const Shape& s) {
-    targets = static_cast<int32_t*>(stash);
-    h = reinterpret_cast<float*>(targets + s.n);
-    rstd = h + int64_t(s.n) * s.C;
-    probs = rstd + s.n;
+  float *h, *rstd, *logits;
+  HeadStash(void* stash, const Shape& s, const Vocab& v) {
+    StashCarver c(StashParts{stash, nullptr});
+    targets = c.keep<int32_t>(s.n);                  // (n)
+    h = c.keep<float>(int64_t(s.n) * s.C);           // (n,C)
+    rstd = c.keep<float>(s.n);                       // (n)
+    logits = c.keep<float>(int64_t(s.n) * v.Vl);     // (n,Vl)
+    bytes = c.bytes();
   }
+  size_t bytes;
 };
 
-SegmentSizes head_sizes(const Segment&, const ModelDims& d, int samples) {
+SegmentSizes head_sizes(const Segment& seg, const ModelDims& d, int samples) {
   Shape s(d, samples);
+  const Vocab v(d, std::max(1, seg.shards), 0);
   SegmentSizes z;
   z.input_bytes = size_t(s.n) * s.C * f;
-  z.stash_bytes = size_t(s.n) * i32 + (size_t(s.n) * s.C + size_t(s.n) + size_t(s.n) * size_t(s.V)) * f;
+  z.out_bytes = size_t(v.shards) * s.n * 3 * f;  // every shard's statistics (shards,n,3)
+  z.stash_bytes = HeadStash(nullptr, s, v).bytes;
   z.wstash_bytes = size_t(s.n) * s.C * f;  // d(normed input)
   z.workspace_bytes = z.wstash_bytes;
   return z;
@@ -368,33 +412,70 @@ SegmentSizes head_sizes(const Segment&, const ModelDims& d, int samples) {
 
 void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  HeadStash st(io.stash, s);
-  k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kFinalNorm], s.n, s.C, s.eps);  // (n,C)
-  k.linear_forward(st.probs, st.h, io.w[kLmHead], nullptr, s.n, s.C, s.V);    // logits (n,V)
-  k.softmax_xent_forward(st.probs, io.loss_sum, st.probs, st.targets, s.n, s.V, io.loss_scale);
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.stash, s, v);
+  k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kFinalNorm], s.n, s.C, s.eps);                     // (n,C)
+  k.linear_forward(st.logits, st.h, vocab_rows(io.w[kLmHead], d, v), nullptr, s.n, s.C, v.Vl);    // (n,Vl)
+  k.vocab_xent_stats(io.out + int64_t(io.shard) * s.n * 3, st.logits, st.targets, s.n, v.Vl, v.v0);  // (n,3)
 }
 
 void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  HeadStash st(io.stash, s);
-  k.softmax_xent_backward(st.probs, st.probs, st.targets, s.n, s.V, io.loss_scale);  // dlogits (n,V)
-  k.linear_backward_input(io.wstash, st.probs, io.w[kLmHead], s.n, s.C, s.V, false);  // d h (n,C)
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.stash, s, v);
+  // dlogits (n,Vl), written by the loss segment → d h (n,C) → d input, partial over the shards
+  k.linear_backward_input(io.wstash, st.logits, vocab_rows(io.w[kLmHead], d, v), s.n, s.C, v.Vl, false);
   k.rmsnorm_backward_input(io.din, io.wstash, io.in, st.rstd, io.w[kFinalNorm], s.n, s.C, false);
 }
 
 void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
-  HeadStash st(io.stash, s);
-  k.linear_backward_weight(io.g[kLmHead], nullptr, st.probs, st.h, s.n, s.C, s.V, io.accumulate(kLmHead));
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.stash, s, v);
+  const bool acc = io.accumulate(kLmHead);
+  k.linear_backward_weight(vocab_grad_rows(k, io.g[kLmHead], d, v, acc), nullptr, st.logits, st.h, s.n, s.C, v.Vl, acc);
   k.rmsnorm_backward_weight(io.g[kFinalNorm], io.wstash, io.in, st.rstd, s.n, s.C, io.accumulate(kFinalNorm));
 }
+
+// Vocabulary-parallel: the LM head by rows (or, tied to the embedding, held whole and used by its rows); the norm
+// copied.
+ParamSplit head_tp_split(const ModelDims& d, int slot, int k) {
+  if (slot == kLmHead && !d.tie_embeddings) return ParamSplit::rows(d.vocab, d.d_model, k);  // (V,C)
+  return ParamSplit::copy();
+}
+
+// ---------------------------------------------------------------- loss: cross-entropy from every shard's statistics
+SegmentSizes loss_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  Shape s(d, samples);
+  SegmentSizes z;
+  z.input_bytes = size_t(std::max(1, seg.shards)) * s.n * 3 * f;  // (shards,n,3)
+  return z;
+}
+
+void loss_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.link, s, v);
+  k.vocab_xent_finish(st.logits, io.loss_sum, st.logits, io.in, st.targets, s.n, v.Vl, v.shards, io.loss_scale);
+}
+
+void loss_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  Shape s(d, io.samples);
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.link, s, v);
+  k.vocab_xent_backward(st.logits, st.logits, st.targets, s.n, v.Vl, v.v0, io.loss_scale);  // dlogits (n,Vl)
+  k.fill(io.din, 0.f, size_t(v.shards) * s.n * 3);  // the statistics have no gradient the head reads
+}
+
+ParamSplit no_params_tp_split(const ModelDims&, int, int) { return ParamSplit::copy(); }
 
 }  // namespace
 
 const SegmentType& embed_type() {
   static const SegmentType t{.name = "qwen3.embed", .data = DataSlot::Tokens, .reads_input = false,
                              .sizes = embed_sizes, .forward = embed_forward,
-                             .backward_weight = embed_backward_weight};
+                             .backward_weight = embed_backward_weight, .tp_split = embed_tp_split,
+                             .tp_refusal = vocab_tp_refusal};
   return t;
 }
 
@@ -417,9 +498,17 @@ const SegmentType& mlp_type() {
 }
 
 const SegmentType& head_type() {
-  static const SegmentType t{.name = "qwen3.head", .data = DataSlot::Targets, .computes_loss = true,
-                             .sizes = head_sizes, .forward = head_forward, .backward_input = head_backward_input,
-                             .backward_weight = head_backward_weight};
+  static const SegmentType t{.name = "qwen3.head", .data = DataSlot::Targets, .sizes = head_sizes,
+                             .forward = head_forward, .backward_input = head_backward_input,
+                             .backward_weight = head_backward_weight, .tp_split = head_tp_split,
+                             .tp_refusal = vocab_tp_refusal, .tp_output = SegmentType::TpOutput::Gathered};
+  return t;
+}
+
+const SegmentType& loss_type() {
+  static const SegmentType t{.name = "qwen3.loss", .computes_loss = true, .sizes = loss_sizes, .forward = loss_forward,
+                             .backward_input = loss_backward_input, .link_offset = -1, .tp_split = no_params_tp_split,
+                             .tp_refusal = vocab_tp_refusal, .tp_input_grad_partial = false};
   return t;
 }
 

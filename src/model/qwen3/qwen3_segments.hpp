@@ -1,5 +1,5 @@
 // Qwen3's segment types (token embedding; attention half of a block: RMSNorm, q/k/v/o, per-head q/k
-// RMSNorm, RoPE, causal GQA; SwiGLU MLP half; final RMSNorm + LM head + cross-entropy) and the order of
+// RMSNorm, RoPE, causal GQA; SwiGLU MLP half; final RMSNorm + LM head; cross-entropy) and the order of
 // each one's parameters, which the builder and the math share.
 #pragma once
 #include "model/segment_type.hpp"
@@ -27,6 +27,7 @@ const SegmentType& embed_type();
 const SegmentType& attention_type();
 const SegmentType& mlp_type();
 const SegmentType& head_type();
+const SegmentType& loss_type();  // the cross-entropy from the head's statistics (linked to the head's stash)
 // qwen3_moe.cpp
 const SegmentType& moe_dispatch_type();
 const SegmentType& moe_experts_type();
