@@ -10,7 +10,8 @@ trap 'rm -rf "$tmp"' EXIT
 rm -f "$out"/*.bin
 mkdir -p "$out"
 # name  world  config  overrides...: small plans that together use every op (read_counts: the one-process MoE;
-# recompute: the ZB-H1 pipeline), buffer role and group kind
+# recompute: the ZB-H1 pipeline; activation all-reduce, reduce-scatter and all-gather: tensor parallelism), buffer
+# role and group kind
 seed() {
   local name=$1 world=$2 config=$3
   shift 3
@@ -37,4 +38,6 @@ seed moe-ep2-dp4-zero3 4 moe-ep2-dp4 --set mesh.zero=3
 seed pp2-dp2-zero3 4 pp2-dp2 --set directive.3.zero=3 --set directive.0.count=2
 seed pp2-zbh1-recompute 4 qwen3-small --set mesh.pp=2 --set mesh.dp=2 --set mesh.microbatches=4 \
   --set 'mesh.schedule="zb-h1"' --set 'mesh.recompute="full"'
+seed tp2-sequence 2 qwen3-small --set mesh.tp=2 --set mesh.sequence=true
+seed moe-tp2-ep2 2 qwen3-moe-small --set mesh.tp=2 --set mesh.ep=2
 ls -l "$out"
