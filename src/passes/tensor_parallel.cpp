@@ -102,6 +102,30 @@ bool splits(const Graph& g, int s) {
          g.model->segments[size_t(s)].type->tp_split != nullptr;
 }
 
+// A collective of region r's tensor-parallel group on its stream, carrying `tensor` (of microbatch mb).
+Node group_collective(const Region& r, NodeKind kind, const TensorRef& tensor, int mb) {
+  Node x;
+  x.kind = kind;
+  x.purpose = CommPurpose::Activation;
+  x.tags = r.tags;
+  if (mb >= 0) x.tags["MB"] = mb;
+  x.region = r.id;
+  x.mb = mb;
+  x.device_set = r.device_set;
+  x.stream = r.tp_stream;
+  x.tensor = tensor;
+  x.source_directive = r.tp_directive;
+  return x;
+}
+
+// Puts node x on edge e (a copy of the removed edge): e.from → x → e.to.
+int insert_on_edge(Graph& g, const Node& x, const Edge& e) {
+  const int id = g.add_node(x);
+  g.add_edge(e.from, id, EdgeKind::Data, e.tensor);
+  g.add_edge(id, e.to, EdgeKind::Data, e.tensor);
+  return id;
+}
+
 const Region& region_of(const Graph& g, int s) {
   for (const auto& r : g.regions)
     if (s >= r.seg_begin && s < r.seg_end) return r;
@@ -154,21 +178,8 @@ void insert_tensor_parallel_sums(Graph& g) {
     }
     const bool in_parts = e.tensor.index >= 0 && size_t(e.tensor.index) < g.boundary_in_parts.size() &&
                           g.boundary_in_parts[size_t(e.tensor.index)];
-    Node x;
-    x.kind = gathered ? NodeKind::ALL_GATHER : (in_parts ? NodeKind::REDUCE_SCATTER : NodeKind::ALL_REDUCE);
-    x.purpose = CommPurpose::Activation;
-    x.tags = r.tags;
-    if (from.mb >= 0) x.tags["MB"] = from.mb;
-    x.region = r.id;
-    x.mb = from.mb;
-    x.device_set = r.device_set;
-    x.stream = r.tp_stream;
-    x.tensor = e.tensor;
-    x.source_directive = r.tp_directive;
-    const int id = g.add_node(x);
-    g.add_edge(e.from, id, EdgeKind::Data, e.tensor);
-    g.add_edge(id, e.to, EdgeKind::Data, e.tensor);
-    summed[key] = id;
+    const NodeKind kind = gathered ? NodeKind::ALL_GATHER : (in_parts ? NodeKind::REDUCE_SCATTER : NodeKind::ALL_REDUCE);
+    summed[key] = insert_on_edge(g, group_collective(r, kind, e.tensor, from.mb), e);
   }
 }
 
@@ -196,21 +207,7 @@ void insert_sequence_gathers(Graph& g) {
       g.add_edge(it->second, e.to, EdgeKind::Data, e.tensor);
       continue;
     }
-    Node x;
-    x.kind = NodeKind::ALL_GATHER;
-    x.purpose = CommPurpose::Activation;
-    x.tags = r.tags;
-    if (to.mb >= 0) x.tags["MB"] = to.mb;
-    x.region = r.id;
-    x.mb = to.mb;
-    x.device_set = r.device_set;
-    x.stream = r.tp_stream;
-    x.tensor = e.tensor;
-    x.source_directive = r.tp_directive;
-    const int id = g.add_node(x);
-    g.add_edge(e.from, id, EdgeKind::Data, e.tensor);
-    g.add_edge(id, e.to, EdgeKind::Data, e.tensor);
-    gathered[key] = id;
+    gathered[key] = insert_on_edge(g, group_collective(r, NodeKind::ALL_GATHER, e.tensor, to.mb), e);
   }
   // the backward's gather of its input: one per backward (B, or BI and BW) of a segment reading a boundary in parts
   std::map<std::pair<int, int>, std::vector<int>> backwards;  // (region, mb) → its backward nodes
@@ -226,17 +223,9 @@ void insert_sequence_gathers(Graph& g) {
     int first = nodes[0];
     for (int id : nodes)
       if (g.nodes[size_t(id)].kind != NodeKind::BW) first = id;
-    Node x;
-    x.kind = NodeKind::ALL_GATHER;
-    x.purpose = CommPurpose::Activation;
+    Node x = group_collective(r, NodeKind::ALL_GATHER, {TensorRef::Kind::Act, b, key.second}, key.second);
     x.tags = g.nodes[size_t(first)].tags;
-    x.region = r.id;
-    x.mb = key.second;
-    x.device_set = r.device_set;
-    x.stream = r.tp_stream;
-    x.tensor = {TensorRef::Kind::Act, b, key.second};
     x.gather_for = first;
-    x.source_directive = r.tp_directive;
     const int id = g.add_node(x);
     g.add_edge(source->second, id, EdgeKind::Data, x.tensor);
     for (int n : nodes) g.add_edge(id, n, EdgeKind::Data, x.tensor);
