@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-from bench_common import ROOT, mpi_env, piper_path
+from bench_common import ROOT, mpi_env, overlap, piper_path, union
 
 EXPERTS = "\n".join(f'            ["model.layers.{i}.mlp.experts", "model.layers.{i}.mlp.experts"],' for i in range(4))
 
@@ -47,24 +47,6 @@ def strategy(kind, m):
     text += "\n[[directive]]\nop = \"replicate\"\nfilter = {}\nzero = 1\n"
     text += "\n[[directive]]\nop = \"shard\"\nfilter = { EP = \"*\" }\nstream = \"ep\"\n"
     return text + f"\n[[directive]]\nop = \"schedule\"\nkind = \"{kind}\"\n"
-
-
-def union(intervals):
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def overlap(x, y):
-    total = 0.0
-    for a, b in x:
-        for c, d in y:
-            total += max(0.0, min(b, d) - max(a, c))
-    return total
 
 
 def predicted_exchange(timeline):

@@ -18,6 +18,7 @@ BENCHMARKS=(
   "checkpoint_io.py"
   "schedules.py"
   "recompute.py"
+  "tensor_parallel.py"
 )
 
 failed=()
