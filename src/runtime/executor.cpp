@@ -485,10 +485,10 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   if (in.in >= 0 && !host_counts_[size_t(in.in)].empty()) io.counts = host_counts_[size_t(in.in)].data();
   // a recomputed forward adds its loss and balance loss where nothing reads them, and no routing statistics
   // (as does every replica of a block computing it alike but the first: the first counts them once)
-  const bool rerun = op == Op::Recompute || plan_.replica % in.alike_block != 0;
-  io.loss_sum = scalars_ + (rerun ? kSinkAt : kLossAt);
-  io.balance_loss = scalars_ + (rerun ? kSinkAt : kBalanceAt);
-  if (op == Op::Forward && !rerun && routing_offset_[size_t(in.segment)] >= 0)
+  const bool uncounted = op == Op::Recompute || plan_.replica % in.alike_block != 0;
+  io.loss_sum = scalars_ + (uncounted ? kSinkAt : kLossAt);
+  io.balance_loss = scalars_ + (uncounted ? kSinkAt : kBalanceAt);
+  if (op == Op::Forward && !uncounted && routing_offset_[size_t(in.segment)] >= 0)
     io.routing = scalars_ + kRoutingAt + routing_offset_[size_t(in.segment)];
   io.loss_scale = in.loss_scale;
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);

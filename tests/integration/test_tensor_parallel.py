@@ -1,9 +1,10 @@
 """Tensor parallelism (the `tp` directive, [mesh] tp): Qwen3's and GPT-2's attention and MLP halves split over a
 group of ranks in the Megatron layout (q, k, v, gate, up by output rows; o, down by input columns; key/value heads
 copied when fewer than the group), each partial output and input gradient summed by an all-reduce node on the
-group's stream. Qwen3's embedding and LM head are vocabulary-parallel: the cross-entropy gathers 3 statistics a
+group's stream. The embeddings and LM heads are vocabulary-parallel: the cross-entropy gathers 3 statistics a
 token, never the logits. Every run equals the one-process run within 1e-5 over 20 steps: Qwen3 TP2 and TP4 (4
-key/value heads, and 2 over a group of 4), TP2 with the head tied to the embedding, GPT-2 TP2, TP4 and TP2 x PP2,
+key/value heads, and 2 over a group of 4), TP2 with the head tied to the embedding, GPT-2 TP2, TP4, TP2 x PP2,
+TP2 x PP2 x DP2 under 1F1B and DualPipeV, TP2 x DP2 ZeRO-3 and its TP2 checkpoint resumed as one process and TP4,
 Qwen3 TP2 x DP2 with ZeRO-1 and ZeRO-3, TP2 x PP2 x DP2 under 1F1B and DualPipeV; on Qwen3-MoE (dropless and with
 capacity) TP2, TP2 folded with EP2 and TP2 x DP2 folded with EP2, in losses, balance losses, dropped assignments
 and gradient norms (each rank of a group routes its share of the sequences to the experts). A TP2 checkpoint
@@ -76,6 +77,17 @@ def main():
     for k in (2, 4):
         compare(f"GPT-2 TP{k}", ref_gpt, train(d, f"gpt-tp{k}", gpt, k, tp(k)), RTOL)
     compare("GPT-2 TP2 x PP2 1f1b", ref_gpt, train(d, "gpt-tp2-pp2", gpt, 4, mesh(pp=2, m=2) + tp(2)), RTOL)
+    for schedule in ("1f1b", "dualpipev"):
+        compare(f"GPT-2 TP2 x PP2 x DP2 {schedule}", ref_gpt,
+                train(d, f"gpt-tp2-pp2-dp2-{schedule}", gpt, 8, mesh(pp=2, dp=2, m=4, schedule=schedule) + tp(2)), RTOL)
+    compare("GPT-2 TP2 x DP2 ZeRO-3", ref_gpt, train(d, "gpt-tp2-dp2-z3", gpt, 4, mesh(dp=2, zero=3) + tp(2)), RTOL)
+    gck = os.path.join(d, "gpt-ck")
+    gsaved = gpt + f'\n[checkpoint]\ndir = "{gck}"\nevery = 10\n'
+    train(d, "gpt-tp2-ck", gsaved, 2, tp(2), steps=10)
+    for ranks in (1, 4):
+        got = train(d, f"gpt-resume-{ranks}", gsaved, ranks, ["--resume", os.path.join(gck, "step_00000010.h5")] +
+                    (tp(4) if ranks == 4 else []))
+        compare(f"GPT-2 TP2 -> {'one process' if ranks == 1 else 'TP4'} resume (steps 11-20)", ref_gpt[10:], got, RTOL)
 
     # sequence parallelism: the activations between split segments in parts, reduce-scattered and gathered
     sp = ["--set", "mesh.sequence=true"]

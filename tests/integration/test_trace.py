@@ -93,10 +93,10 @@ kind = "zb-h1"
             fail(f"--profile: no plausible summary for rank {rank}: {prof}\n{p.stdout}")
         shapes += [m for m in prof["matmul_shapes"] if m["kernel"].startswith("linear_")]
         regions |= {r["name"] for r in prof["regions"]
-                    if re.fullmatch(r"blocks\.\d\.(attn|mlp)|embedding|head", r["name"])}
+                    if re.fullmatch(r"blocks\.\d\.(attn|mlp)|embedding|head|loss", r["name"])}
     if (not shapes or any(not m["gflops_per_s"] > 0 or min(m["rows"], m["in_features"], m["out_features"]) <= 0
                           for m in shapes)
-            or regions != {f"blocks.{i}.{half}" for i in range(4) for half in ("attn", "mlp")} | {"embedding", "head"}):
+            or regions != {f"blocks.{i}.{half}" for i in range(4) for half in ("attn", "mlp")} | {"embedding", "head", "loss"}):
         fail(f"--profile: matmul shapes with GFLOP/s and every segment expected: {shapes}, {sorted(regions)}")
     print(f"ok  --profile: both ranks' tables, {len(shapes)} matmul shape rows, regions {sorted(regions)}")
 

@@ -250,7 +250,8 @@ struct Net {
       const int B = samples, T = d.seq_len, C = d.d_model, F = d.d_ff, NH = d.n_heads, n = B * T;
       const Segment& emb = model.segments.front();
       std::vector<double> x = embedding_ref(tokens, P(emb, 0), P(emb, 1), B, T, C);
-      for (size_t s = 1; s + 1 < model.segments.size(); s += 2) {  // a block: its attention and MLP halves
+      const size_t S = model.segments.size();  // embedding, blocks, head, loss
+      for (size_t s = 1; s + 2 < S; s += 2) {  // a block: its attention and MLP halves
         const Segment &att = model.segments[s], &mlp = model.segments[s + 1];
         auto h = layernorm_ref(x, P(att, 0), P(att, 1), n, C);
         auto qkv = linear_ref(h, P(att, 2), P(att, 3).data(), n, C, 3 * C);
@@ -263,7 +264,7 @@ struct Net {
         auto m = linear_ref(f, P(mlp, 4), P(mlp, 5).data(), n, F, C);
         for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
       }
-      const Segment& head = model.segments.back();
+      const Segment& head = model.segments[S - 2];  // the loss after it has no parameters
       auto lf = layernorm_ref(x, P(head, 0), P(head, 1), n, C);
       const float* no_bias = nullptr;
       auto logits = linear_ref(lf, P(head, 2), no_bias, n, C, d.vocab);  // tied: the embedding's wte

@@ -17,6 +17,7 @@
 #include "config/job.hpp"
 #include "data/data.hpp"
 #include "model/build.hpp"
+#include "model/segment_type.hpp"
 #include "plan/plan.hpp"
 #include "test_util.hpp"
 #include "util/error.hpp"
@@ -164,7 +165,7 @@ TEST_CASE("GPT-2 init: std 0.02, residual projections 0.02/sqrt(2 n_layers), LN 
   const Model m = build_model(spec);
   const int L = spec.n_layers;
   CHECK(m.params.size() == size_t(2 + 12 * L + 2));  // wte, wpe, 12 per block, ln_f; the head reuses wte
-  REQUIRE(m.segments.size() == size_t(2 * L + 2));  // embedding, each block's attention and MLP halves, head
+  REQUIRE(m.segments.size() == size_t(2 * L + 3));  // embedding, each block's attention and MLP halves, head, loss
   const char* block[] = {"ln1.weight",       "ln1.bias",       "attn.qkv.weight", "attn.qkv.bias",
                          "attn.proj.weight", "attn.proj.bias", "ln2.weight",      "ln2.bias",
                          "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
@@ -185,8 +186,16 @@ TEST_CASE("GPT-2 init: std 0.02, residual projections 0.02/sqrt(2 n_layers), LN 
       CHECK(m.params[size_t(p)].name == "blocks." + std::to_string(l) + "." + block[i]);
     }
   }
-  CHECK(m.segments.back().params.size() == 3);
-  CHECK(m.segments.back().params[2] == m.segments.front().params[0]);  // tied wte
+  const Segment& head = m.segments[m.segments.size() - 2];
+  CHECK((head.name == "head" && head.type->name == "gpt2.head"));
+  CHECK(head.params.size() == 3);
+  CHECK(head.params[2] == m.segments.front().params[0]);  // tied wte
+  CHECK(head.fwd_flops_per_sample == Approx(2.0 * spec.seq_len * spec.d_model * spec.vocab));
+  // the cross-entropy, apart: no parameters, no FLOPs, the head's stash
+  CHECK((m.segments.back().name == "loss" && m.segments.back().type->name == "gpt2.loss"));
+  CHECK((m.segments.back().params.empty() && m.segments.back().fwd_flops_per_sample == 0));
+  CHECK((m.segments.back().type->computes_loss && m.segments.back().type->link_offset == -1));
+  CHECK(m.segments.back().layer == L - 1);
   CHECK(m.params[size_t(m.segments.front().params[0])].name == "wte");
   const double proj_std = 0.02 / std::sqrt(2.0 * L);
   int normals = 0;

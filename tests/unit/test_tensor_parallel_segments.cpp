@@ -307,3 +307,180 @@ TEST_CASE("tensor-parallel GPT-2: the Megatron layout of each parameter, and the
   for (int k : {1, 2, 3, 4, 6, 8}) CHECK(mlp.tp_refusal(d, k) == "");
   CHECK(mlp.tp_refusal(d, 5) == "d_ff 48 does not divide among 5 ranks");
 }
+
+namespace {
+
+// GPT-2's vocabulary-parallel embedding on rank `shard` of `shards` (wte and wpe held whole): forward, then backward
+// weight into gradients starting as `g`.
+Pass run_gpt2_embedding(Kernels& k, Segment seg, const ModelDims& d, int samples, int shard, int shards,
+                        const std::vector<std::vector<float>>& w, const std::vector<int32_t>& tokens,
+                        const std::vector<float>& dout, std::vector<std::vector<float>> g, bool accumulate) {
+  seg.shards = shards;
+  const SegmentSizes z = segment_sizes(seg, d, samples);
+  REQUIRE(z.input_bytes == 0);
+  REQUIRE(z.out_bytes == dout.size() * sizeof(float));
+  Guarded out(z.out_bytes), stash(z.stash_bytes);
+  std::memcpy(stash.data(), tokens.data(), tokens.size() * sizeof(int32_t));
+  std::vector<const float*> wp;
+  std::vector<float*> gp;
+  for (auto& x : w) wp.push_back(x.data());
+  for (auto& x : g) gp.push_back(x.data());
+  const std::vector<uint8_t> overwrite(w.size(), accumulate ? 0 : 1);
+  SegmentIO io;
+  io.samples = samples, io.shard = shard, io.shards = shards;
+  io.w = wp.data(), io.g = gp.data(), io.overwrite = overwrite.data();
+  io.out = out.data(), io.dout = dout.data(), io.stash = stash.data();
+  std::fill(out.data(), out.data() + out.size(), std::numeric_limits<float>::quiet_NaN());
+  segment_forward(k, seg, d, io);
+  segment_backward_weight(k, seg, d, io);
+  Pass p;
+  p.out = contents(out), p.g = std::move(g);
+  p.intact = out.intact() && stash.intact();
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel GPT-2 embedding: k ranks' partial outputs and gradients add up to the one-rank segment",
+          "[tensor_parallel][gpt]") {
+  const Model m = build_model(tp_gpt2());
+  const ModelDims& d = m.dims;
+  const Segment& seg = segment_of(m, gpt2::embedding_type());
+  const int samples = 3, n = samples * d.seq_len;
+  CpuKernels cpu(2);
+  for (int k : {2, 4}) {
+    for (bool accumulate : {false, true}) {
+      INFO(k << " ranks, accumulate " << accumulate);
+      REQUIRE(gpt2::embedding_type().tp_refusal(d, k).empty());
+      for (int slot : {int(gpt2::kWte), int(gpt2::kWpe)}) CHECK(!gpt2::embedding_type().tp_split(d, slot, k).split());
+      const Point x(m, seg, samples, accumulate, 11);
+      Rand rng(5);
+      const std::vector<int32_t> tokens = rng.ints(size_t(n), 0, d.vocab);
+      const Pass one = run_gpt2_embedding(cpu, seg, d, samples, 0, 1, x.w, tokens, x.dout, x.g, accumulate);
+      REQUIRE(one.intact);
+      std::vector<double> out;
+      std::vector<std::vector<double>> g(2);
+      for (int t = 0; t < k; ++t) {
+        const Pass r = run_gpt2_embedding(cpu, seg, d, samples, t, k, x.w, tokens, x.dout, x.g, accumulate);
+        CHECK(r.intact);
+        add_to(out, r.out);
+        for (size_t i = 0; i < 2; ++i) add_to(g[i], r.g[i]);
+      }
+      CHECK(rel_err(one.out, out) < kTol);
+      for (size_t i = 0; i < 2; ++i) {
+        if (accumulate) add_to(g[i], x.g[i], -(k - 1));  // every rank's gradient started as the one-rank one did
+        INFO("gradient of slot " << i);
+        CHECK(rel_err(one.g[i], g[i]) < kTol);
+      }
+    }
+  }
+  CHECK(gpt2::embedding_type().tp_refusal(d, 3) == "a vocabulary of 16 does not divide among 3 ranks");
+}
+
+TEST_CASE("tensor-parallel GPT-2 head and loss: each rank's loss is the one-rank loss, and the gradients add up",
+          "[tensor_parallel][gpt]") {
+  const Model m = build_model(tp_gpt2());
+  const ModelDims& d = m.dims;
+  const Segment& head = segment_of(m, gpt2::head_type());
+  const Segment& loss = segment_of(m, gpt2::loss_type());
+  CHECK((&loss == &head + 1 && loss.type->link_offset == -1 && loss.type->computes_loss));
+  CHECK(!head.type->computes_loss);
+  CHECK(head.type->tp_output == SegmentType::TpOutput::Gathered);
+  CHECK(!loss.type->tp_input_grad_partial);
+  const int samples = 2, n = samples * d.seq_len, C = d.d_model;
+  CpuKernels cpu(2);
+  for (int k : {2, 4}) {
+    for (bool accumulate : {false, true}) {
+      INFO(k << " ranks, accumulate " << accumulate);
+      REQUIRE(head.type->tp_refusal(d, k).empty());
+      REQUIRE(loss.type->tp_refusal(d, k).empty());
+      for (int slot = 0; slot < gpt2::kHeadParams; ++slot) CHECK(!head.type->tp_split(d, slot, k).split());
+      const Point x(m, head, samples, accumulate, 13);
+      Rand rng(3);
+      const std::vector<int32_t> targets = rng.ints(size_t(n), 0, d.vocab);
+      // The k ranks (k = 1: the one-rank pair) of the head and loss: heads' forwards, their statistics gathered,
+      // then each rank's loss and backward.
+      struct Result {
+        std::vector<double> loss;
+        std::vector<double> din;
+        std::vector<std::vector<double>> g;
+        bool intact = true;
+      };
+      auto pair = [&](int shards) {
+        Segment h = head, l = loss;
+        h.shards = l.shards = shards;
+        const SegmentSizes zh = segment_sizes(h, d, samples), zl = segment_sizes(l, d, samples);
+        REQUIRE(zh.input_bytes == size_t(n) * C * sizeof(float));
+        REQUIRE(zh.out_bytes == size_t(shards) * n * 3 * sizeof(float));
+        REQUIRE(zl.input_bytes == zh.out_bytes);
+        REQUIRE(zl.out_bytes == 0);
+        Guarded stats(zh.out_bytes), dstats(zl.input_bytes);
+        std::vector<Guarded> stash, wstash, din;
+        std::vector<std::vector<float>> g(size_t(shards) * x.g.size());
+        std::vector<std::vector<const float*>> wp(static_cast<size_t>(shards));
+        std::vector<std::vector<float*>> gp(static_cast<size_t>(shards));
+        const std::vector<uint8_t> overwrite(x.w.size(), accumulate ? 0 : 1);
+        std::vector<SegmentIO> io(static_cast<size_t>(shards));
+        for (int t = 0; t < shards; ++t) {
+          stash.emplace_back(zh.stash_bytes), wstash.emplace_back(zh.wstash_bytes), din.emplace_back(zh.input_bytes);
+        }
+        Guarded workspace(zh.workspace_bytes);
+        for (int t = 0; t < shards; ++t) {
+          std::memcpy(stash[size_t(t)].data(), targets.data(), targets.size() * sizeof(int32_t));
+          for (size_t i = 0; i < x.w.size(); ++i) {
+            g[size_t(t) * x.g.size() + i] = x.g[i];
+            wp[size_t(t)].push_back(x.w[i].data());
+            gp[size_t(t)].push_back(g[size_t(t) * x.g.size() + i].data());
+          }
+          SegmentIO& s = io[size_t(t)];
+          s.samples = samples, s.shard = t, s.shards = shards;
+          s.w = wp[size_t(t)].data(), s.g = gp[size_t(t)].data(), s.overwrite = overwrite.data();
+          s.in = x.in.data(), s.out = stats.data(), s.stash = stash[size_t(t)].data();
+          s.wstash = wstash[size_t(t)].data(), s.workspace = workspace.data(), s.din = din[size_t(t)].data();
+          s.loss_scale = 1.f / float(n);
+          segment_forward(cpu, h, d, s);  // writes its part of the statistics
+        }
+        Result r;
+        for (int t = 0; t < shards; ++t) {
+          SegmentIO s;  // the loss: the gathered statistics in, the head's stash linked
+          double sum = 0;
+          s.samples = samples, s.shard = t, s.shards = shards;
+          s.in = stats.data(), s.din = dstats.data(), s.link = stash[size_t(t)].data();
+          s.loss_sum = &sum, s.loss_scale = 1.f / float(n);
+          segment_forward(cpu, l, d, s);
+          segment_backward_input(cpu, l, d, s);  // dlogits into the head's stash
+          r.loss.push_back(sum);
+          segment_backward_input(cpu, h, d, io[size_t(t)]);
+          segment_backward_weight(cpu, h, d, io[size_t(t)]);
+          add_to(r.din, contents(din[size_t(t)]));
+          r.intact = r.intact && stash[size_t(t)].intact() && wstash[size_t(t)].intact() && din[size_t(t)].intact();
+        }
+        r.g.resize(x.g.size());
+        for (int t = 0; t < shards; ++t)
+          for (size_t i = 0; i < x.g.size(); ++i) add_to(r.g[i], g[size_t(t) * x.g.size() + i]);
+        for (size_t i = 0; i < x.g.size(); ++i)
+          if (accumulate) add_to(r.g[i], x.g[i], -(shards - 1));  // each rank's gradient started as one rank's
+        r.intact = r.intact && stats.intact() && dstats.intact() && workspace.intact();
+        return r;
+      };
+      const Result one = pair(1), many = pair(k);
+      CHECK(one.intact);
+      CHECK(many.intact);
+      REQUIRE(one.loss.size() == 1);
+      for (double l : many.loss) CHECK(l == Approx(one.loss[0]).epsilon(1e-6));  // each rank adds the whole loss
+      // the loss against the textbook cross-entropy of the whole vocabulary's logits
+      const float* no_bias = nullptr;
+      auto lf = layernorm_ref(x.in, x.w[gpt2::kLnfW], x.w[gpt2::kLnfB], n, C);
+      auto logits = linear_ref(lf, x.w[gpt2::kHeadWte], no_bias, n, C, d.vocab);
+      CHECK(one.loss[0] == Approx(xent_ref(logits, targets, n, d.vocab) / n).epsilon(1e-5));
+      std::vector<float> one_din(one.din.begin(), one.din.end());
+      CHECK(rel_err(one_din, many.din) < kTol);  // the partial input gradients sum to the one-rank one
+      for (size_t i = 0; i < x.g.size(); ++i) {
+        INFO("gradient of slot " << i);
+        std::vector<float> want(one.g[i].begin(), one.g[i].end());
+        CHECK(rel_err(want, many.g[i]) < kTol);  // copies: partial gradients
+      }
+    }
+  }
+  CHECK(head.type->tp_refusal(d, 3) == "a vocabulary of 16 does not divide among 3 ranks");
+}

@@ -78,6 +78,7 @@ Model build(const ModelSpec& s) {
                  m.add_param("ln_f.bias", {C}, InitKind::Zeros, 0, false), wte};
   head.fwd_flops_per_sample = 2.0 * T * C * V;
   m.segments.push_back(head);
+  m.segments.push_back(Segment{&loss_type(), "loss", int(L - 1), {}, 0});  // its FLOPs are the head's
   return m;
 }
 
@@ -86,7 +87,7 @@ Model build(const ModelSpec& s) {
 const Family& gpt2_family() {
   static const Family f{.kind = "gpt", .reads_tokens = true, .keys = keys(), .build = build,
                         .segment_types = {&gpt2::embedding_type(), &gpt2::attention_type(), &gpt2::mlp_type(),
-                                          &gpt2::head_type()},
+                                          &gpt2::head_type(), &gpt2::loss_type()},
                         .to_hf = gpt2::to_hf, .from_hf = gpt2::from_hf};
   return f;
 }

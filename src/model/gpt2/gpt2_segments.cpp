@@ -1,7 +1,10 @@
 // GPT-2 segment math over backend kernels: embedding, the pre-LN block's attention and MLP halves, LN_f + tied LM
-// head + cross-entropy; their buffer sizes. Shapes: n = samples·T rows, C model width, NH heads, F MLP width. The
-// halves are tensor-parallel (Megatron): on rank t of k, the heads and the hidden units are this rank's part.
+// head (and the cross-entropy's statistics), the cross-entropy; their buffer sizes. Shapes: n = samples·T rows, C
+// model width, NH heads, F MLP width. The halves are tensor-parallel (Megatron): on rank t of k, the heads and the hidden units are this rank's part; the
+// embedding and the head are vocabulary-parallel: rank t uses rows [t·V/k, (t+1)·V/k) of wte (held whole).
 #include "model/gpt2/gpt2_segments.hpp"
+
+#include <algorithm>
 
 #include "model/stash_carver.hpp"
 #include "util/error.hpp"
@@ -21,6 +24,34 @@ struct Shape {
         A(d.d_model / shards), F(d.d_ff / shards) {}
 };
 
+// A tensor-parallel group's rank holds rows [v0, v0 + Vl) of the vocabulary (of wte, the embedding's and the tied
+// LM head's, held whole by every rank). On one rank the shard is the whole vocabulary.
+struct Vocab {
+  int shards, Vl, v0;
+  Vocab(const ModelDims& d, int shards_, int shard) : shards(shards_), Vl(d.vocab / shards_), v0(shard * Vl) {}
+};
+
+// This rank's rows of wte (V,C), held whole.
+const float* vocab_rows(const float* w, const ModelDims& d, const Vocab& v) { return w + int64_t(v.v0) * d.d_model; }
+
+// The gradient of this rank's rows of wte: zeros elsewhere when it is written (the sum over the group is whole).
+float* vocab_grad_rows(Kernels& k, float* g, const ModelDims& d, const Vocab& v, bool accumulate) {
+  if (v.shards == 1) return g;
+  const int64_t C = d.d_model;
+  if (!accumulate) {
+    k.fill(g, 0.f, size_t(v.v0 * C));
+    k.fill(g + (v.v0 + v.Vl) * C, 0.f, size_t((d.vocab - v.v0 - v.Vl) * C));
+  }
+  return g + v.v0 * C;
+}
+
+std::string vocab_tp_refusal(const ModelDims& d, int k) {
+  if (k < 1) return cat(k, " ranks: a group needs at least one");
+  return d.vocab % k == 0 ? std::string() : cat("a vocabulary of ", d.vocab, " does not divide among ", k, " ranks");
+}
+
+ParamSplit copy_tp_split(const ModelDims&, int, int) { return ParamSplit::copy(); }
+
 SegmentSizes embedding_sizes(const Segment&, const ModelDims& d, int samples) {
   SegmentSizes s;
   int64_t n = int64_t(samples) * d.seq_len;
@@ -29,16 +60,34 @@ SegmentSizes embedding_sizes(const Segment&, const ModelDims& d, int samples) {
   return s;
 }
 
-// ---- GPT embedding: tokens(b,T) → x(n,C) ----
+// ---- GPT embedding: tokens(b,T) → x(n,C) = wte[tok] + wpe[t] ----
+// Vocabulary-parallel over a tensor-parallel group (wte and wpe held whole): a rank's wte rows for its tokens, zeros
+// for the others, and wpe added by shard 0 alone, so that the ranks' outputs sum to the whole (partial).
 void embedding_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const auto* tokens = static_cast<const int32_t*>(io.stash);
-  k.embedding_forward(io.out, tokens, io.w[kWte], io.w[kWpe], io.samples, d.seq_len, d.d_model);
+  const Vocab v(d, io.shards, io.shard);
+  const int64_t T = d.seq_len, C = d.d_model, n = int64_t(io.samples) * T;
+  k.vocab_embedding_forward(io.out, tokens, vocab_rows(io.w[kWte], d, v), int(n), int(C), v.v0, v.Vl);  // (n,C)
+  if (io.shard == 0)
+    for (int b = 0; b < io.samples; ++b) k.accumulate(io.out + b * T * C, io.w[kWpe], size_t(T * C));  // + wpe[t]
 }
 
 void embedding_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const auto* tokens = static_cast<const int32_t*>(io.stash);
-  k.embedding_backward(io.g[kWte], io.g[kWpe], io.dout, tokens, io.samples, d.seq_len, d.d_model, d.vocab, io.accumulate(kWte),
-                       io.accumulate(kWpe));
+  const Vocab v(d, io.shards, io.shard);
+  const int64_t T = d.seq_len, C = d.d_model, n = int64_t(io.samples) * T;
+  const bool acc = io.accumulate(kWte);
+  k.vocab_embedding_backward(vocab_grad_rows(k, io.g[kWte], d, v, acc), io.dout, tokens, int(n), int(C), v.v0, v.Vl,
+                             acc);  // (Vl,C)
+  // wpe (T,C): Σ_b dout, in sample order, by shard 0; the others write zeros when overwriting, else nothing.
+  if (io.shard != 0) {
+    if (!io.accumulate(kWpe)) k.fill(io.g[kWpe], 0.f, size_t(T * C));
+    return;
+  }
+  int b = 0;
+  if (!io.accumulate(kWpe) && io.samples > 0) k.copy(io.g[kWpe], io.dout, sizeof(float) * size_t(T * C)), b = 1;
+  else if (!io.accumulate(kWpe)) k.fill(io.g[kWpe], 0.f, size_t(T * C));
+  for (; b < io.samples; ++b) k.accumulate(io.g[kWpe], io.dout + b * T * C, size_t(T * C));
 }
 
 // A bias added after a split product (by shard 0 alone): its gradient is shard 0's; the others' are zeros when
@@ -265,51 +314,85 @@ std::string mlp_tp_refusal(const ModelDims& d, int k) {
   return d.d_ff % k == 0 ? "" : cat("d_ff ", d.d_ff, " does not divide among ", k, " ranks");
 }
 
-// ---- GPT head: ln_f, tied LM head (the embedding's wte), cross-entropy. Stash: targets(n) | lf(n,C) | mean(n) | rstd(n) | probs(n,V)
+// ---- GPT head: ln_f, the logits of this rank's vocabulary rows of wte (the tied LM head), their cross-entropy
+// statistics into its part of the (shards,n,3) output (gathered). The loss segment (the next one, which shares this
+// stash) finishes the cross-entropy from every shard's statistics and writes dlogits in place, which the head's
+// backward reads. On one rank the shard is the whole vocabulary.
+// Stash: targets(n) int32 | lf(n,C) | mean(n) | rstd(n) | logits(n,Vl) (then probabilities, then dlogits)
 struct HeadStash {
   int32_t* targets;
-  float *lf, *mean, *rstd, *probs;
-  HeadStash(void* stash, int64_t n, int64_t C) {
-    targets = static_cast<int32_t*>(stash);
-    lf = reinterpret_cast<float*>(targets + n);
-    mean = lf + n * C;
-    rstd = mean + n;
-    probs = rstd + n;
+  float *lf, *mean, *rstd, *logits;
+  size_t bytes;
+  HeadStash(void* stash, int64_t n, int64_t C, const Vocab& v) {
+    StashCarver c(StashParts{stash, nullptr});
+    targets = c.keep<int32_t>(n);          // (n)
+    lf = c.keep<float>(n * C);             // (n,C)
+    mean = c.keep<float>(n);               // (n)
+    rstd = c.keep<float>(n);               // (n)
+    logits = c.keep<float>(n * v.Vl);      // (n,Vl)
+    bytes = c.bytes();
   }
 };
 
-SegmentSizes head_sizes(const Segment&, const ModelDims& d, int samples) {
+SegmentSizes head_sizes(const Segment& seg, const ModelDims& d, int samples) {
   SegmentSizes s;
-  int64_t n = int64_t(samples) * d.seq_len;
+  const int64_t n = int64_t(samples) * d.seq_len;
+  const Vocab v(d, std::max(1, seg.shards), 0);
   s.input_bytes = size_t(n * d.d_model) * f;
-  // targets, ln_f out, mean, rstd, probs (overwritten by dlogits in backward)
-  s.stash_bytes = size_t(n) * i32 + size_t(n * d.d_model + 2 * n + n * int64_t(d.vocab)) * f;
+  s.out_bytes = size_t(v.shards) * size_t(n) * 3 * f;  // every shard's statistics (shards,n,3)
+  s.stash_bytes = HeadStash(nullptr, n, d.d_model, v).bytes;
   s.wstash_bytes = size_t(n * d.d_model) * f;  // d(ln_f out)
   s.workspace_bytes = s.wstash_bytes;
   return s;
 }
 
 void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int n = io.samples * d.seq_len, C = d.d_model, V = d.vocab;
-  HeadStash st(io.stash, n, C);
+  const int n = io.samples * d.seq_len, C = d.d_model;
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.stash, n, C, v);
   k.layernorm_forward(st.lf, st.mean, st.rstd, io.in, io.w[kLnfW], io.w[kLnfB], n, C);
-  k.linear_forward(st.probs, st.lf, io.w[kHeadWte], nullptr, n, C, V);  // logits (n,V)
-  k.softmax_xent_forward(st.probs, io.loss_sum, st.probs, st.targets, n, V, io.loss_scale);
+  k.linear_forward(st.logits, st.lf, vocab_rows(io.w[kHeadWte], d, v), nullptr, n, C, v.Vl);       // (n,Vl)
+  k.vocab_xent_stats(io.out + int64_t(io.shard) * n * 3, st.logits, st.targets, n, v.Vl, v.v0);  // (n,3)
 }
 
 void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int n = io.samples * d.seq_len, C = d.d_model, V = d.vocab;
-  HeadStash st(io.stash, n, C);
-  k.softmax_xent_backward(st.probs, st.probs, st.targets, n, V, io.loss_scale);  // dlogits (n,V)
-  k.linear_backward_input(io.wstash, st.probs, io.w[kHeadWte], n, C, V, false);          // d lf (n,C)
+  const int n = io.samples * d.seq_len, C = d.d_model;
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.stash, n, C, v);
+  // dlogits (n,Vl), written by the loss segment → d lf (n,C) → d input, partial over the shards
+  k.linear_backward_input(io.wstash, st.logits, vocab_rows(io.w[kHeadWte], d, v), n, C, v.Vl, false);
   k.layernorm_backward_input(io.din, io.wstash, io.in, st.mean, st.rstd, io.w[kLnfW], n, C, false);
 }
 
 void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int n = io.samples * d.seq_len, C = d.d_model, V = d.vocab;
-  HeadStash st(io.stash, n, C);
-  k.linear_backward_weight(io.g[kHeadWte], nullptr, st.probs, st.lf, n, C, V, io.accumulate(kHeadWte));
+  const int n = io.samples * d.seq_len, C = d.d_model;
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.stash, n, C, v);
+  const bool acc = io.accumulate(kHeadWte);
+  k.linear_backward_weight(vocab_grad_rows(k, io.g[kHeadWte], d, v, acc), nullptr, st.logits, st.lf, n, C, v.Vl, acc);
   k.layernorm_backward_weight(io.g[kLnfW], io.g[kLnfB], io.wstash, io.in, st.mean, st.rstd, n, C, io.accumulate(kLnfW));
+}
+
+// ---- GPT loss: the cross-entropy from every shard's statistics (shards,n,3), in the head's stash ----
+SegmentSizes loss_sizes(const Segment& seg, const ModelDims& d, int samples) {
+  SegmentSizes s;
+  s.input_bytes = size_t(std::max(1, seg.shards)) * size_t(samples) * d.seq_len * 3 * f;  // (shards,n,3)
+  return s;
+}
+
+void loss_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const int n = io.samples * d.seq_len, C = d.d_model;
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.link, n, C, v);
+  k.vocab_xent_finish(st.logits, io.loss_sum, st.logits, io.in, st.targets, n, v.Vl, v.shards, io.loss_scale);
+}
+
+void loss_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
+  const int n = io.samples * d.seq_len, C = d.d_model;
+  const Vocab v(d, io.shards, io.shard);
+  HeadStash st(io.link, n, C, v);
+  k.vocab_xent_backward(st.logits, st.logits, st.targets, n, v.Vl, v.v0, io.loss_scale);  // dlogits (n,Vl)
+  k.fill(io.din, 0.f, size_t(v.shards) * n * 3);  // the statistics have no gradient the head reads
 }
 
 }  // namespace
@@ -317,7 +400,8 @@ void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const 
 const SegmentType& embedding_type() {
   static const SegmentType t{.name = "gpt2.embedding", .data = DataSlot::Tokens, .reads_input = false,
                              .sizes = embedding_sizes, .forward = embedding_forward,
-                             .backward_weight = embedding_backward_weight};
+                             .backward_weight = embedding_backward_weight, .tp_split = copy_tp_split,
+                             .tp_refusal = vocab_tp_refusal};
   return t;
 }
 
@@ -339,9 +423,17 @@ const SegmentType& mlp_type() {
 }
 
 const SegmentType& head_type() {
-  static const SegmentType t{.name = "gpt2.head", .data = DataSlot::Targets, .computes_loss = true,
-                             .sizes = head_sizes, .forward = head_forward, .backward_input = head_backward_input,
-                             .backward_weight = head_backward_weight};
+  static const SegmentType t{.name = "gpt2.head", .data = DataSlot::Targets, .sizes = head_sizes,
+                             .forward = head_forward, .backward_input = head_backward_input,
+                             .backward_weight = head_backward_weight, .tp_split = copy_tp_split,
+                             .tp_refusal = vocab_tp_refusal, .tp_output = SegmentType::TpOutput::Gathered};
+  return t;
+}
+
+const SegmentType& loss_type() {
+  static const SegmentType t{.name = "gpt2.loss", .computes_loss = true, .sizes = loss_sizes, .forward = loss_forward,
+                             .backward_input = loss_backward_input, .link_offset = -1, .tp_split = copy_tp_split,
+                             .tp_refusal = vocab_tp_refusal, .tp_input_grad_partial = false};
   return t;
 }
 

@@ -1,6 +1,6 @@
 // GPT-2's segment types (token+position embedding; a pre-LN block as two halves, attention and GELU MLP, each
-// tensor-parallel; LN_f + tied LM head + cross-entropy) and the order of each one's parameters, which the builder
-// and the math share.
+// tensor-parallel; LN_f + tied LM head; the cross-entropy, apart: the embedding, head and loss vocabulary-parallel)
+// and the order of each one's parameters, which the builder and the math share.
 #pragma once
 #include "model/segment_type.hpp"
 
@@ -17,5 +17,6 @@ const SegmentType& embedding_type();
 const SegmentType& attention_type();
 const SegmentType& mlp_type();
 const SegmentType& head_type();
+const SegmentType& loss_type();
 
 }  // namespace piper::gpt2
