@@ -2,7 +2,8 @@
 // ranks that work on the same samples; a segment whose type can be split (SegmentType::tp_split) runs its part on
 // each rank of the group, and every activation it outputs forward, and every input gradient it outputs backward,
 // is partial: an ALL_REDUCE node on the group's stream sums it before anything reads it (or, for an output made of
-// the ranks' parts, an ALL_GATHER node joins them).
+// the ranks' parts, an ALL_GATHER node joins them). With sequence parallelism the activations between split
+// segments are held in parts: a REDUCE_SCATTER after the writer, an ALL_GATHER before each reader.
 #include <map>
 #include <tuple>
 

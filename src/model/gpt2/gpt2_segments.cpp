@@ -1,7 +1,8 @@
 // GPT-2 segment math over backend kernels: embedding, the pre-LN block's attention and MLP halves, LN_f + tied LM
 // head (and the cross-entropy's statistics), the cross-entropy; their buffer sizes. Shapes: n = samples·T rows, C
-// model width, NH heads, F MLP width. The halves are tensor-parallel (Megatron): on rank t of k, the heads and the hidden units are this rank's part; the
-// embedding and the head are vocabulary-parallel: rank t uses rows [t·V/k, (t+1)·V/k) of wte (held whole).
+// model width, NH heads, F MLP width. The halves are tensor-parallel (Megatron): on rank t of k, the heads and the
+// hidden units are this rank's part; the embedding and the head are vocabulary-parallel: rank t uses rows
+// [t·V/k, (t+1)·V/k) of wte (held whole).
 #include "model/gpt2/gpt2_segments.hpp"
 
 #include <algorithm>
