@@ -5,7 +5,8 @@ group's stream. The embeddings and LM heads are vocabulary-parallel: the cross-e
 token, never the logits. Every run equals the one-process run within 1e-5 over 20 steps: Qwen3 TP2 and TP4 (4
 key/value heads, and 2 over a group of 4), TP2 with the head tied to the embedding, GPT-2 TP2, TP4, TP2 x PP2,
 TP2 x PP2 x DP2 under 1F1B and DualPipeV, TP2 x DP2 ZeRO-3 and its TP2 checkpoint resumed as one process and TP4,
-Qwen3 TP2 x DP2 with ZeRO-1 and ZeRO-3, TP2 x PP2 x DP2 under 1F1B and DualPipeV; on Qwen3-MoE (dropless and with
+Qwen3 TP2 x DP2 with ZeRO-1 and ZeRO-3, TP2 x PP2 x DP2 under 1F1B and DualPipeV, TP2 x PP2 under GPipe, ZB-H1
+and interleaved 1F1B with and without sequence parallelism, sequence parallelism with full and selective recompute; on Qwen3-MoE (dropless and with
 capacity) TP2, TP2 folded with EP2 and TP2 x DP2 folded with EP2, in losses, balance losses, dropped assignments
 and gradient norms (each rank of a group routes its share of the sequences to the experts). A TP2 checkpoint
 resumes as one process and as TP4 to the same losses as the run that never stopped. A group that does not divide
@@ -103,6 +104,15 @@ def main():
     compare("Qwen3 TP2 x PP2 x DP2 sequence-parallel 1f1b", ref,
             train(d, "tp2-sp-pp2-dp2", q, 8, mesh(pp=2, dp=2, m=4) + tp(2) + sp), RTOL)
     compare("GPT-2 TP2 sequence-parallel", ref_gpt, train(d, "gpt-tp2-sp", gpt, 2, tp(2) + sp), RTOL)
+    compare("Qwen3 TP2 sequence-parallel, full recompute", ref,
+            train(d, "tp2-sp-full", q, 2, tp(2) + sp + ["--set", 'mesh.recompute="full"']), RTOL)
+    # the other schedules, with and without sequence parallelism: GPipe, ZB-H1 (split backward), interleaved 1F1B
+    for schedule in ("gpipe", "zb-h1", "interleaved-1f1b"):
+        chunks = ["--set", "mesh.chunks=2"] if schedule == "interleaved-1f1b" else []
+        for label, extra in (("", []), (" sequence-parallel", sp)):
+            compare(f"Qwen3 TP2 x PP2 {schedule}{label}", ref,
+                    train(d, f"tp2-pp2-{schedule}{len(extra)}", q, 4,
+                          mesh(pp=2, m=4, schedule=schedule) + chunks + tp(2) + extra), RTOL)
     peaks = {}
     for label, extra in (("TP2", []), ("TP2 sequence-parallel", sp)):
         summary = os.path.join(d, f"small-{len(extra)}.json")
