@@ -1,6 +1,7 @@
 // matmul_choice: times the matmuls of a training step (linear forward, backward input, backward weight) on
 // each way of running them — piper's split of one OpenBLAS call per thread by rows, columns or K, OpenBLAS's
-// own threads, BLIS, oneDNN — interleaved, so the backend's choice rests on this machine's numbers.
+// own threads, BLIS, oneDNN, and bf16 inputs (fp32 accumulation and output) through oneDNN or OpenBLAS's sbgemm
+// where the installed builds have them — interleaved, so the backend's choice rests on this machine's numbers.
 #include <dlfcn.h>
 #include <omp.h>
 
@@ -10,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -66,21 +69,32 @@ struct Blis {
   }
 };
 
-// oneDNN's row-major sgemm, also loaded at run time (optional package).
+// oneDNN's row-major sgemm and bf16 gemm (bf16 inputs, fp32 output), also loaded at run time (optional package).
 struct OneDnn {
   using sgemm_t = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t);
+  using bf16gemm_t = int (*)(char, char, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*,
+                             int64_t, float, float*, int64_t);
   sgemm_t sgemm = nullptr;
+  bf16gemm_t bf16gemm = nullptr;
   bool load() {
     void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) return false;
     sgemm = reinterpret_cast<sgemm_t>(dlsym(h, "dnnl_sgemm"));
+    bf16gemm = reinterpret_cast<bf16gemm_t>(dlsym(h, "dnnl_gemm_bf16bf16f32"));
     return sgemm != nullptr;
   }
   void run(const Gemm& g, const float* A, const float* B, float beta, float* C) const {
     sgemm(g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', g.M, g.N, g.K, 1.f, A, g.lda, B, g.ldb, beta, C, g.ldc);
   }
+  void run_bf16(const Gemm& g, const uint16_t* A, const uint16_t* B, float* C) const {
+    bf16gemm(g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', g.M, g.N, g.K, 1.f, A, g.lda, B, g.ldb, 0.f, C, g.ldc);
+  }
 };
+
+// OpenBLAS's cblas_sbgemm, where the loaded OpenBLAS was built with bfloat16 (Debian 12's is not).
+using sbgemm_t = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
+                          const uint16_t*, blasint, const uint16_t*, blasint, float, float*, blasint);
 
 void cblas(const Gemm& g, int M, int N, int K, const float* A, const float* B, float beta, float* C) {
   cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, M, N, K, 1.f, A,
@@ -127,6 +141,28 @@ void split_k(const Gemm& g, const float* A, const float* B, float* C, std::vecto
         for (int j = 0; j < g.N; ++j) dst[j] += src[j];
       }
   }
+}
+
+// bf16 (the top half of an fp32, rounded to nearest even), as oneDNN and OpenBLAS take it.
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u += 0x7fff + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+// The CPU's bf16 matmul instructions, from /proc/cpuinfo's flags ("none" when it has neither).
+std::string bf16_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    for (std::string w; words >> w;)
+      if (w == "avx512_bf16" || w == "amx_bf16" || w == "amx_tile") out += (out.empty() ? "" : " ") + w;
+    break;
+  }
+  return out.empty() ? "none" : out;
 }
 
 struct Way {
@@ -200,9 +236,28 @@ int main(int argc, char** argv) {
   for (auto& g : gemms) most = std::max({most, size_t(g.M) * g.K, size_t(g.K) * g.N, size_t(g.M) * g.N});
   std::vector<float> A(most), B(most), C(most);
   for (size_t i = 0; i < most; ++i) A[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f, B[i] = float((i * 104729) % 997) * 1e-3f - 0.5f;
+  // the same operands in bf16, made once (a bf16 run keeps its weights and activations so)
+  std::vector<uint16_t> Ab(most), Bb(most);
+  for (size_t i = 0; i < most; ++i) Ab[i] = to_bf16(A[i]), Bb[i] = to_bf16(B[i]);
+  if (have_dnnl && dnnl.bf16gemm)
+    ways.push_back({"bf16-onednn", [&](const Gemm& g, const float*, const float*, float* C) {
+                      omp_set_num_threads(threads);
+                      dnnl.run_bf16(g, Ab.data(), Bb.data(), C);
+                    }});
+  const auto sbgemm = reinterpret_cast<sbgemm_t>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  if (sbgemm)
+    ways.push_back({"bf16-openblas", [&](const Gemm& g, const float*, const float*, float* C) {
+                      openblas_set_num_threads(threads);
+                      sbgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.M,
+                             g.N, g.K, 1.f, Ab.data(), g.lda, Bb.data(), g.ldb, 0.f, C, g.ldc);
+                      openblas_set_num_threads(1);
+                    }});
 
-  std::printf("matmul_choice: threads=%d tokens=%d reps=%d (median GFLOP/s of interleaved calls)%s%s\n", threads,
-              tokens, reps, have_blis ? "" : " [BLIS not found]", have_dnnl ? "" : " [oneDNN not found]");
+  std::printf("matmul_choice: threads=%d tokens=%d reps=%d (median GFLOP/s of interleaved calls)%s%s%s%s; CPU bf16 "
+              "instructions: %s\n",
+              threads, tokens, reps, have_blis ? "" : " [BLIS not found]", have_dnnl ? "" : " [oneDNN not found]",
+              have_dnnl && !dnnl.bf16gemm ? " [oneDNN without bf16 gemm]" : "",
+              sbgemm ? "" : " [OpenBLAS built without bf16]", bf16_flags().c_str());
   std::printf("%-36s", "matmul");
   for (auto& w : ways) std::printf(" %12s", w.name.c_str());
   std::printf("\n");
