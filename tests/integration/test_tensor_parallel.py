@@ -56,6 +56,17 @@ def tp_sums(d, name, ranks, args, rows=None):
     return n
 
 
+def resumes(d, label, name, text, ref):
+    """TP2 to step 10, then one process and TP4 from its checkpoint, each against the run that never stopped."""
+    ck = os.path.join(d, f"{name}-ck")
+    saved = text + f'\n[checkpoint]\ndir = "{ck}"\nevery = 10\n'
+    train(d, f"{name}-tp2-ck", saved, 2, tp(2), steps=10)
+    for ranks in (1, 4):
+        got = train(d, f"{name}-resume-{ranks}", saved, ranks, ["--resume", os.path.join(ck, "step_00000010.h5")] +
+                    (tp(4) if ranks == 4 else []))
+        compare(f"{label} TP2 -> {'one process' if ranks == 1 else 'TP4'} resume (steps 11-20)", ref[10:], got, RTOL)
+
+
 def main():
     d = tempdir()
     q = tiny_qwen3("q")  # 4 query heads over 2 key/value heads
@@ -82,13 +93,7 @@ def main():
         compare(f"GPT-2 TP2 x PP2 x DP2 {schedule}", ref_gpt,
                 train(d, f"gpt-tp2-pp2-dp2-{schedule}", gpt, 8, mesh(pp=2, dp=2, m=4, schedule=schedule) + tp(2)), RTOL)
     compare("GPT-2 TP2 x DP2 ZeRO-3", ref_gpt, train(d, "gpt-tp2-dp2-z3", gpt, 4, mesh(dp=2, zero=3) + tp(2)), RTOL)
-    gck = os.path.join(d, "gpt-ck")
-    gsaved = gpt + f'\n[checkpoint]\ndir = "{gck}"\nevery = 10\n'
-    train(d, "gpt-tp2-ck", gsaved, 2, tp(2), steps=10)
-    for ranks in (1, 4):
-        got = train(d, f"gpt-resume-{ranks}", gsaved, ranks, ["--resume", os.path.join(gck, "step_00000010.h5")] +
-                    (tp(4) if ranks == 4 else []))
-        compare(f"GPT-2 TP2 -> {'one process' if ranks == 1 else 'TP4'} resume (steps 11-20)", ref_gpt[10:], got, RTOL)
+    resumes(d, "GPT-2", "gpt", gpt, ref_gpt)
 
     # sequence parallelism: the activations between split segments in parts, reduce-scattered and gathered
     sp = ["--set", "mesh.sequence=true"]
@@ -153,14 +158,7 @@ def main():
                        for x, y in zip(ra, rb)):
                     fail(f"Qwen3-MoE capacity {capacity} {label}: {key} {rb} differs from one process {ra}")
 
-    # resume: TP2 to step 10, then one process and TP4 from its checkpoint
-    ck = os.path.join(d, "ck")
-    saved = q + f'\n[checkpoint]\ndir = "{ck}"\nevery = 10\n'
-    train(d, "tp2-ck", saved, 2, tp(2), steps=10)
-    for ranks in (1, 4):
-        got = train(d, f"resume-{ranks}", saved, ranks, ["--resume", os.path.join(ck, "step_00000010.h5")] +
-                    (tp(4) if ranks == 4 else []))
-        compare(f"Qwen3 TP2 -> {'one process' if ranks == 1 else 'TP4'} resume (steps 11-20)", ref[10:], got, RTOL)
+    resumes(d, "Qwen3", "q", q, ref)
 
     # the plan of the real size: 1,024 ranks
     big = "configs/qwen3-70b-tp8-pp8.toml"
