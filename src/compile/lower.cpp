@@ -340,9 +340,7 @@ class Lowerer {
     return int64_t((bytes + sizeof(float) - 1) / sizeof(float));
   }
   // Sequence parallelism holds a boundary in parts: a rank of a tensor-parallel group holds its rows.
-  bool in_parts(int boundary) const {
-    return size_t(boundary) < g_.boundary_in_parts.size() && g_.boundary_in_parts[size_t(boundary)];
-  }
+  bool in_parts(int boundary) const { return g_.in_parts(boundary); }
   int64_t act_elems(int boundary) const {
     return in_parts(boundary) ? full_elems(boundary) / g_.sets[size_t(set_)].tp : full_elems(boundary);
   }

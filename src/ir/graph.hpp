@@ -134,6 +134,9 @@ struct Graph {
   // per segment boundary (input index of the consuming segment; the tp pass): 1 where sequence parallelism holds
   // the activation and its gradient in parts, rows [t·n/k, (t+1)·n/k) on rank t of a tensor-parallel group
   std::vector<uint8_t> boundary_in_parts;
+  bool in_parts(int boundary) const {
+    return boundary >= 0 && size_t(boundary) < boundary_in_parts.size() && boundary_in_parts[size_t(boundary)];
+  }
   // per model segment (the recompute pass): 0, kRecomputeFull (its forward keeps only its input and runs again
   // before its backward) or kRecomputeSelective (it keeps the kept part of its stash and recomputes the rest)
   std::vector<uint8_t> segment_recompute;

@@ -78,7 +78,7 @@ void check_tensor_parallel_samples(const Graph& g) {
       throw UserError(cat("segment '", seg.name, "' splits the ", g.samples_per_microbatch,
                           " sequences of a microbatch among a tensor-parallel group of ", k,
                           " ranks; make the sequences per microbatch a multiple of ", k));
-    if (s < g.boundary_in_parts.size() && g.boundary_in_parts[s] && rows % k != 0)
+    if (g.in_parts(int(s)) && rows % k != 0)
       throw UserError(cat("sequence parallelism splits the ", rows, " tokens of a microbatch at segment '", seg.name,
                           "' among a tensor-parallel group of ", k, " ranks; make them a multiple of ", k));
   }
@@ -177,9 +177,9 @@ void insert_tensor_parallel_sums(Graph& g) {
       g.add_edge(it->second, e.to, EdgeKind::Data, e.tensor);
       continue;
     }
-    const bool in_parts = e.tensor.index >= 0 && size_t(e.tensor.index) < g.boundary_in_parts.size() &&
-                          g.boundary_in_parts[size_t(e.tensor.index)];
-    const NodeKind kind = gathered ? NodeKind::ALL_GATHER : (in_parts ? NodeKind::REDUCE_SCATTER : NodeKind::ALL_REDUCE);
+    const NodeKind kind = gathered                     ? NodeKind::ALL_GATHER
+                          : g.in_parts(e.tensor.index) ? NodeKind::REDUCE_SCATTER
+                                                       : NodeKind::ALL_REDUCE;
     summed[key] = insert_on_edge(g, group_collective(r, kind, e.tensor, from.mb), e);
   }
 }
@@ -197,7 +197,7 @@ void insert_sequence_gathers(Graph& g) {
     const bool forward = e.tensor.kind == TensorRef::Kind::Act;
     if (!forward && e.tensor.kind != TensorRef::Kind::ActGrad) continue;
     const int b = e.tensor.index;
-    if (b < 0 || size_t(b) >= g.boundary_in_parts.size() || !g.boundary_in_parts[size_t(b)]) continue;
+    if (!g.in_parts(b)) continue;
     const Node& to = g.nodes[size_t(e.to)];
     if (!is_compute(to.kind) || to.region < 0) continue;  // a SEND carries the part itself
     const Region& r = g.regions[size_t(to.region)];
@@ -218,7 +218,7 @@ void insert_sequence_gathers(Graph& g) {
   for (const auto& [key, nodes] : backwards) {
     const Region& r = g.regions[size_t(key.first)];
     const int b = r.seg_begin;
-    if (size_t(b) >= g.boundary_in_parts.size() || !g.boundary_in_parts[size_t(b)]) continue;
+    if (!g.in_parts(b)) continue;
     auto source = shard_source.find({r.device_set, b, key.second});
     PIPER_CHECK(source != shard_source.end(), "no part of boundary ", b, " reaches ", r.label());
     int first = nodes[0];
