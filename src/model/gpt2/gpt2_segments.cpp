@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "model/stash_carver.hpp"
+#include "model/vocab_shard.hpp"
 #include "util/error.hpp"
 
 namespace piper::gpt2 {
@@ -25,31 +26,7 @@ struct Shape {
         A(d.d_model / shards), F(d.d_ff / shards) {}
 };
 
-// A tensor-parallel group's rank holds rows [v0, v0 + Vl) of the vocabulary (of wte, the embedding's and the tied
-// LM head's, held whole by every rank). On one rank the shard is the whole vocabulary.
-struct Vocab {
-  int shards, Vl, v0;
-  Vocab(const ModelDims& d, int shards_, int shard) : shards(shards_), Vl(d.vocab / shards_), v0(shard * Vl) {}
-};
-
-// This rank's rows of wte (V,C), held whole.
-const float* vocab_rows(const float* w, const ModelDims& d, const Vocab& v) { return w + int64_t(v.v0) * d.d_model; }
-
-// The gradient of this rank's rows of wte: zeros elsewhere when it is written (the sum over the group is whole).
-float* vocab_grad_rows(Kernels& k, float* g, const ModelDims& d, const Vocab& v, bool accumulate) {
-  if (v.shards == 1) return g;
-  const int64_t C = d.d_model;
-  if (!accumulate) {
-    k.fill(g, 0.f, size_t(v.v0 * C));
-    k.fill(g + (v.v0 + v.Vl) * C, 0.f, size_t((d.vocab - v.v0 - v.Vl) * C));
-  }
-  return g + v.v0 * C;
-}
-
-std::string vocab_tp_refusal(const ModelDims& d, int k) {
-  if (k < 1) return cat(k, " ranks: a group needs at least one");
-  return d.vocab % k == 0 ? std::string() : cat("a vocabulary of ", d.vocab, " does not divide among ", k, " ranks");
-}
+// The embedding and the tied LM head use their rows of wte (V,C), held whole by every rank (model/vocab_shard.hpp).
 
 ParamSplit copy_tp_split(const ModelDims&, int, int) { return ParamSplit::copy(); }
 
@@ -68,7 +45,7 @@ void embedding_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
   const auto* tokens = static_cast<const int32_t*>(io.stash);
   const Vocab v(d, io.shards, io.shard);
   const int64_t T = d.seq_len, C = d.d_model, n = int64_t(io.samples) * T;
-  k.vocab_embedding_forward(io.out, tokens, vocab_rows(io.w[kWte], d, v), int(n), int(C), v.v0, v.Vl);  // (n,C)
+  k.vocab_embedding_forward(io.out, tokens, vocab_rows(io.w[kWte], d, v, true), int(n), int(C), v.v0, v.Vl);  // (n,C)
   if (io.shard == 0)
     for (int b = 0; b < io.samples; ++b) k.accumulate(io.out + b * T * C, io.w[kWpe], size_t(T * C));  // + wpe[t]
 }
@@ -78,8 +55,8 @@ void embedding_backward_weight(Kernels& k, const Segment&, const ModelDims& d, c
   const Vocab v(d, io.shards, io.shard);
   const int64_t T = d.seq_len, C = d.d_model, n = int64_t(io.samples) * T;
   const bool acc = io.accumulate(kWte);
-  k.vocab_embedding_backward(vocab_grad_rows(k, io.g[kWte], d, v, acc), io.dout, tokens, int(n), int(C), v.v0, v.Vl,
-                             acc);  // (Vl,C)
+  float* g = vocab_grad_rows(k, io.g[kWte], d, v, acc, true);
+  k.vocab_embedding_backward(g, io.dout, tokens, int(n), int(C), v.v0, v.Vl, acc);  // (Vl,C)
   // wpe (T,C): Σ_b dout, in sample order, by shard 0; the others write zeros when overwriting, else nothing.
   if (io.shard != 0) {
     if (!io.accumulate(kWpe)) k.fill(io.g[kWpe], 0.f, size_t(T * C));
@@ -352,7 +329,7 @@ void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentI
   const Vocab v(d, io.shards, io.shard);
   HeadStash st(io.stash, n, C, v);
   k.layernorm_forward(st.lf, st.mean, st.rstd, io.in, io.w[kLnfW], io.w[kLnfB], n, C);
-  k.linear_forward(st.logits, st.lf, vocab_rows(io.w[kHeadWte], d, v), nullptr, n, C, v.Vl);       // (n,Vl)
+  k.linear_forward(st.logits, st.lf, vocab_rows(io.w[kHeadWte], d, v, true), nullptr, n, C, v.Vl);       // (n,Vl)
   k.vocab_xent_stats(io.out + int64_t(io.shard) * n * 3, st.logits, st.targets, n, v.Vl, v.v0);  // (n,3)
 }
 
@@ -361,7 +338,7 @@ void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const S
   const Vocab v(d, io.shards, io.shard);
   HeadStash st(io.stash, n, C, v);
   // dlogits (n,Vl), written by the loss segment → d lf (n,C) → d input, partial over the shards
-  k.linear_backward_input(io.wstash, st.logits, vocab_rows(io.w[kHeadWte], d, v), n, C, v.Vl, false);
+  k.linear_backward_input(io.wstash, st.logits, vocab_rows(io.w[kHeadWte], d, v, true), n, C, v.Vl, false);
   k.layernorm_backward_input(io.din, io.wstash, io.in, st.mean, st.rstd, io.w[kLnfW], n, C, false);
 }
 
@@ -370,7 +347,8 @@ void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const 
   const Vocab v(d, io.shards, io.shard);
   HeadStash st(io.stash, n, C, v);
   const bool acc = io.accumulate(kHeadWte);
-  k.linear_backward_weight(vocab_grad_rows(k, io.g[kHeadWte], d, v, acc), nullptr, st.logits, st.lf, n, C, v.Vl, acc);
+  float* g = vocab_grad_rows(k, io.g[kHeadWte], d, v, acc, true);
+  k.linear_backward_weight(g, nullptr, st.logits, st.lf, n, C, v.Vl, acc);
   k.layernorm_backward_weight(io.g[kLnfW], io.g[kLnfB], io.wstash, io.in, st.mean, st.rstd, n, C, io.accumulate(kLnfW));
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "model/stash_carver.hpp"
+#include "model/vocab_shard.hpp"
 #include "util/error.hpp"
 
 namespace piper::qwen3 {
@@ -36,27 +37,8 @@ struct Shape {
   }
 };
 
-// A tensor-parallel group's rank holds rows [v0, v0 + Vl) of the vocabulary (the embedding's and the LM head's).
-struct Vocab {
-  int shards, Vl, v0;  // this rank's rows [v0, v0 + Vl) of the vocabulary
-  Vocab(const ModelDims& d, int shards_, int shard) : shards(shards_), Vl(d.vocab / shards_), v0(shard * Vl) {}
-};
-
-// This rank's rows of a (V,C) tensor: its piece, or its rows of the whole (tied embedding and LM head, held whole).
-const float* vocab_rows(const float* w, const ModelDims& d, const Vocab& v) {
-  return d.tie_embeddings ? w + int64_t(v.v0) * d.d_model : w;
-}
-
-// The gradient of this rank's rows of a (V,C) tensor: of a whole one (tied), zeros elsewhere when it is written.
-float* vocab_grad_rows(Kernels& k, float* g, const ModelDims& d, const Vocab& v, bool accumulate) {
-  if (!d.tie_embeddings || v.shards == 1) return g;
-  const int64_t C = d.d_model;
-  if (!accumulate) {
-    k.fill(g, 0.f, size_t(v.v0 * C));
-    k.fill(g + (v.v0 + v.Vl) * C, 0.f, size_t((d.vocab - v.v0 - v.Vl) * C));
-  }
-  return g + v.v0 * C;
-}
+// The embedding and the LM head use their vocabulary rows (model/vocab_shard.hpp): their pieces, or, tied, their
+// rows of the one tensor every rank holds whole.
 
 // ---------------------------------------------------------------- embedding: tokens(b,T) → x(n,C)
 // Vocabulary-parallel over a tensor-parallel group: a rank's rows for its tokens, zeros for the others (partial).
@@ -71,25 +53,21 @@ SegmentSizes embed_sizes(const Segment&, const ModelDims& d, int samples) {
 void embed_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
   const Vocab v(d, io.shards, io.shard);
-  k.vocab_embedding_forward(io.out, static_cast<const int32_t*>(io.stash), vocab_rows(io.w[kEmbedTokens], d, v), s.n,
-                            s.C, v.v0, v.Vl);  // (n,C)
+  const float* w = vocab_rows(io.w[kEmbedTokens], d, v, d.tie_embeddings);
+  k.vocab_embedding_forward(io.out, static_cast<const int32_t*>(io.stash), w, s.n, s.C, v.v0, v.Vl);  // (n,C)
 }
 
 void embed_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
   const Vocab v(d, io.shards, io.shard);
   const bool acc = io.accumulate(kEmbedTokens);
-  k.vocab_embedding_backward(vocab_grad_rows(k, io.g[kEmbedTokens], d, v, acc), io.dout,
+  k.vocab_embedding_backward(vocab_grad_rows(k, io.g[kEmbedTokens], d, v, acc, d.tie_embeddings), io.dout,
                              static_cast<const int32_t*>(io.stash), s.n, s.C, v.v0, v.Vl, acc);  // (Vl,C)
 }
 
 // The embedding by rows (or, tied to the LM head, held whole and used by its rows).
 ParamSplit embed_tp_split(const ModelDims& d, int, int k) {
   return d.tie_embeddings ? ParamSplit::copy() : ParamSplit::rows(d.vocab, d.d_model, k);
-}
-
-std::string vocab_tp_refusal(const ModelDims& d, int k) {
-  return d.vocab % k == 0 ? std::string() : cat("a vocabulary of ", d.vocab, " does not divide among ", k, " ranks");
 }
 
 // ---------------------------------------------------------------- attention half: x + o(attn(norm x))
@@ -415,7 +393,8 @@ void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentI
   const Vocab v(d, io.shards, io.shard);
   HeadStash st(io.stash, s, v);
   k.rmsnorm_forward(st.h, st.rstd, io.in, io.w[kFinalNorm], s.n, s.C, s.eps);                     // (n,C)
-  k.linear_forward(st.logits, st.h, vocab_rows(io.w[kLmHead], d, v), nullptr, s.n, s.C, v.Vl);    // (n,Vl)
+  const float* w = vocab_rows(io.w[kLmHead], d, v, d.tie_embeddings);
+  k.linear_forward(st.logits, st.h, w, nullptr, s.n, s.C, v.Vl);  // (n,Vl)
   k.vocab_xent_stats(io.out + int64_t(io.shard) * s.n * 3, st.logits, st.targets, s.n, v.Vl, v.v0);  // (n,3)
 }
 
@@ -424,7 +403,8 @@ void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const S
   const Vocab v(d, io.shards, io.shard);
   HeadStash st(io.stash, s, v);
   // dlogits (n,Vl), written by the loss segment → d h (n,C) → d input, partial over the shards
-  k.linear_backward_input(io.wstash, st.logits, vocab_rows(io.w[kLmHead], d, v), s.n, s.C, v.Vl, false);
+  const float* w = vocab_rows(io.w[kLmHead], d, v, d.tie_embeddings);
+  k.linear_backward_input(io.wstash, st.logits, w, s.n, s.C, v.Vl, false);
   k.rmsnorm_backward_input(io.din, io.wstash, io.in, st.rstd, io.w[kFinalNorm], s.n, s.C, false);
 }
 
@@ -433,7 +413,8 @@ void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const 
   const Vocab v(d, io.shards, io.shard);
   HeadStash st(io.stash, s, v);
   const bool acc = io.accumulate(kLmHead);
-  k.linear_backward_weight(vocab_grad_rows(k, io.g[kLmHead], d, v, acc), nullptr, st.logits, st.h, s.n, s.C, v.Vl, acc);
+  float* g = vocab_grad_rows(k, io.g[kLmHead], d, v, acc, d.tie_embeddings);
+  k.linear_backward_weight(g, nullptr, st.logits, st.h, s.n, s.C, v.Vl, acc);
   k.rmsnorm_backward_weight(io.g[kFinalNorm], io.wstash, io.in, st.rstd, s.n, s.C, io.accumulate(kFinalNorm));
 }
 
