@@ -243,6 +243,9 @@ def main():
                          "torch has it on CPU, else foreach)")
     ap.add_argument("--foreach", action="store_true", help="the same as --adamw foreach")
     ap.add_argument("--compile", action="store_true", help="train torch.compile(model) (PyTorch 2.0 and later)")
+    ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                    help="bf16: the forward under torch.autocast('cpu', torch.bfloat16) (fp32 weights and optimizer)")
+    ap.add_argument("--losses", default="", help="write every step's loss to this file, one per line")
     ap.add_argument("--verbose", action="store_true", help="print every step")
     args = ap.parse_args()
     if args.steps <= args.warmup:
@@ -300,11 +303,12 @@ def main():
     tokens = args.batch * args.seq_len
     print(f"torch {torch.__version__}: {args.model}, {n_params} parameters, {fpt * tokens / 1e9:.3f} GFLOP per step "
           f"({fpt:.0f} FLOP per token), {threads} thread{'s' if threads != 1 else ''}, {execution}, "
-          f"attention {attention}, AdamW {adamw}")
+          f"attention {attention}, AdamW {adamw}, autocast {args.autocast}")
 
     gen = torch.Generator().manual_seed(args.seed)
     offsets = torch.arange(args.seq_len + 1)
     times, loss, first_ms = [], float("nan"), 0.0
+    losses = open(args.losses, "w") if args.losses else None
     for step in range(args.steps):
         t0 = time.perf_counter()
         starts = torch.randint(0, data.numel() - args.seq_len - 1, (args.batch,), generator=gen)
@@ -313,13 +317,16 @@ def main():
         lr = learning_rate(step, args.lr, args.min_lr, args.lr_warmup, args.decay_steps)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss_t = step_model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            loss_t = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
         loss = loss_t.item()
         dt = time.perf_counter() - t0
+        if losses is not None:
+            losses.write(f"{loss!r}\n")
         if step == 0:
             first_ms = dt * 1e3  # under --compile, mostly compilation
         if step >= args.warmup:
@@ -332,7 +339,7 @@ def main():
     tps = tokens / (ms / 1e3)
     print(f"RESULT torch threads={threads} tokens_per_s={tps:.1f} ms={ms:.3f} flops_per_s={tps * fpt:.6g} "
           f"params={n_params} flops_per_token={fpt:.0f} final_loss={loss:.4f} timed_steps={len(times)} "
-          f"model={args.model} execution={execution} attention={attention} adamw={adamw} "
+          f"model={args.model} execution={execution} attention={attention} adamw={adamw} autocast={args.autocast} "
           f"first_step_ms={first_ms:.0f} torch={torch.__version__}")
 
 

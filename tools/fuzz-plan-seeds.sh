@@ -40,4 +40,5 @@ seed pp2-zbh1-recompute 4 qwen3-small --set mesh.pp=2 --set mesh.dp=2 --set mesh
   --set 'mesh.schedule="zb-h1"' --set 'mesh.recompute="full"'
 seed tp2-sequence 2 qwen3-small --set mesh.tp=2 --set mesh.sequence=true
 seed moe-tp2-ep2 2 qwen3-moe-small --set mesh.tp=2 --set mesh.ep=2
+seed dp2-bf16 2 dp2 --set 'job.precision="bf16"'
 ls -l "$out"

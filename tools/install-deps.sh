@@ -11,6 +11,7 @@ PKGS=(g++ cmake make pkg-config
       libtomlplusplus-dev
       catch2
       libopenblas-dev
+      libdnnl2   # oneDNN, loaded at run time: job.precision = "bf16" matmuls on processors with bf16 instructions
       fortunes-min fortunes
       strace)   # the watchdog test holds a rank inside a checkpoint write (syscall delay injection)
 PKGS+=("$@")

@@ -223,6 +223,9 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     std::printf("%s: %d rank%s, %s backend, %d thread%s per rank, steps %lld..%lld\n", plan.job_name.c_str(), plan.world,
                 plan.world == 1 ? "" : "s", backend->name().c_str(), threads, threads == 1 ? "" : "s",
                 static_cast<long long>(start), static_cast<long long>(end));
+  if (rank == 0 && plan.precision == Precision::Bf16)
+    std::printf("precision bf16: matmuls through %s; master weights, optimizer, norms, softmax and loss in fp32\n",
+                backend->kernels().bf16_matmul_path().c_str());
   // A common time origin for every rank's timeline (and the trace).
   MPI_CHECK(MPI_Barrier(world));
   stop_signals_training_started();  // a stop request from here on is answered with a checkpoint after its step

@@ -1,9 +1,12 @@
-// The compute primitives a backend provides (fp32). Layers are composed from these in src/layers;
+// The compute primitives a backend provides (fp32 buffers; matmuls may take bf16-rounded operands). Layers are composed from these in src/layers;
 // every pointer is device memory of the backend. Shapes are row-major and written next to each call.
 #pragma once
 #include <cstddef>
 #include <cstdlib>
 #include <cstdint>
+#include <string>
+
+#include "util/precision.hpp"
 
 namespace piper {
 
@@ -31,6 +34,13 @@ class Kernels {
   // The calls that follow on this thread belong to `name` (a model segment): for profilers and tracing
   // tools; backends ignore it.
   virtual void begin_region(const char* name) { (void)name; }
+
+  // How the matmuls of linear layers (linear_* and the grouped calls) take their operands. Fp32 (the default): as
+  // they are. Bf16: both operands rounded to bf16 (nearest, ties to even) and multiplied with fp32 accumulation into
+  // the fp32 output, as a bf16 mixed-precision run's matmuls. Set before the first call.
+  virtual void set_matmul_precision(Precision p) = 0;
+  // How this backend runs bf16 matmuls, in words (the library, the instructions): printed at start.
+  virtual std::string bf16_matmul_path() const = 0;
 
   // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null.
   virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) = 0;
@@ -170,6 +180,10 @@ class Kernels {
   // y(n) += x
   virtual void accumulate(float* y, const float* x, size_t n) = 0;
   virtual void fill(float* y, float value, size_t n) = 0;
+  // dst(n) = src rounded to bf16, nearest with ties to even (util/precision.hpp's bf16_bits, to the bit): a bf16
+  // run's stash as stored; and back, exactly.
+  virtual void to_bf16(uint16_t* dst, const float* src, size_t n) = 0;
+  virtual void from_bf16(float* dst, const uint16_t* src, size_t n) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // *acc += Σ x² (acc is device memory)
   virtual void sum_squares(double* acc, const float* x, size_t n) = 0;

@@ -219,6 +219,12 @@ void ProfilingKernels::accumulate(float* y, const float* x, size_t n) {
 void ProfilingKernels::fill(float* y, float value, size_t n) {
   timed("fill", [&] { k_.fill(y, value, n); });
 }
+void ProfilingKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {
+  timed("to_bf16", [&] { k_.to_bf16(dst, src, n); });
+}
+void ProfilingKernels::from_bf16(float* dst, const uint16_t* src, size_t n) {
+  timed("from_bf16", [&] { k_.from_bf16(dst, src, n); });
+}
 void ProfilingKernels::copy(void* dst, const void* src, size_t bytes) {
   timed("copy", [&] { k_.copy(dst, src, bytes); });
 }

@@ -35,6 +35,8 @@ class ProfilingKernels : public Kernels {
   KernelProfile take(double wall_seconds, int64_t steps);
 
   void begin_region(const char* name) override;
+  void set_matmul_precision(Precision p) override { k_.set_matmul_precision(p); }
+  std::string bf16_matmul_path() const override { return k_.bf16_matmul_path(); }
 
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
   void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
@@ -97,6 +99,8 @@ class ProfilingKernels : public Kernels {
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;
+  void to_bf16(uint16_t* dst, const float* src, size_t n) override;
+  void from_bf16(float* dst, const uint16_t* src, size_t n) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void sum_squares(double* acc, const float* x, size_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "util/error.hpp"
+#include "util/precision.hpp"
 
 namespace piper {
 
@@ -193,7 +194,8 @@ float half_to_float(uint16_t h) {
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, bool bf16) {
+  const uint64_t width = bf16 ? 2 : 4;
   std::string header = "{";
   bool first = true;
   if (!metadata.empty()) {
@@ -208,10 +210,10 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     PIPER_CHECK(numel == int64_t(t.data.size()), "tensor ", t.name, " has ", t.data.size(), " values for ", numel);
-    header += cat(first ? "" : ",", json_string(t.name), ":{\"dtype\":\"F32\",\"shape\":[");
+    header += cat(first ? "" : ",", json_string(t.name), ":{\"dtype\":\"", bf16 ? "BF16" : "F32", "\",\"shape\":[");
     for (size_t i = 0; i < t.shape.size(); ++i) header += cat(i ? "," : "", t.shape[i]);
-    header += cat("],\"data_offsets\":[", offset, ",", offset + uint64_t(numel) * 4, "]}");
-    offset += uint64_t(numel) * 4;
+    header += cat("],\"data_offsets\":[", offset, ",", offset + uint64_t(numel) * width, "]}");
+    offset += uint64_t(numel) * width;
     first = false;
   }
   header += "}";
@@ -223,8 +225,17 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     const uint64_t n = header.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(header.data(), std::streamsize(header.size()));
-    for (const NamedTensor& t : tensors)
-      if (!t.data.empty()) out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * 4));
+    std::vector<uint16_t> half;
+    for (const NamedTensor& t : tensors) {
+      if (t.data.empty()) continue;
+      if (!bf16) {
+        out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * 4));
+        continue;
+      }
+      half.resize(t.data.size());
+      for (size_t i = 0; i < half.size(); ++i) half[i] = bf16_bits(t.data[i]);
+      out.write(reinterpret_cast<const char*>(half.data()), std::streamsize(half.size() * 2));
+    }
     out.flush();
     if (!out) {
       const int err = errno;

@@ -38,7 +38,9 @@ const char* ckpt_tool_usage() {
          "                                   (default 0 and 0: any difference), or a tensor is missing or reshaped\n"
          "  verify FILE|DIR                  checksums, readable finite tensors, step = name; exit 1 if any fails\n"
          "  meta FILE                        the job text, layout, model and data the file was written with\n"
-         "  export FILE --to OUT.safetensors the parameters with Hugging Face names (GPT-2: GPT2LMHeadModel)\n"
+         "  export FILE --to OUT.safetensors [--dtype fp32|bf16]\n"
+         "                                   the parameters with Hugging Face names (GPT-2: GPT2LMHeadModel), as\n"
+         "                                   float32 (default) or rounded to bfloat16\n"
          "  import IN.safetensors --job JOB.toml [--set KEY=VALUE ...] --to OUT.h5\n"
          "                                   a step-0 checkpoint of JOB's model with these weights and fresh\n"
          "                                   optimizer state, to start a fine-tuning run with --resume OUT.h5\n"
@@ -317,6 +319,9 @@ int cmd_meta(const Args& a) {
 int cmd_export(const Args& a) {
   need_positionals(a, 1, "export", "one checkpoint file");
   if (!a.options.count("--to")) throw UserError("export: --to OUT.safetensors is required");
+  const std::string dtype = a.options.count("--dtype") ? a.options.at("--dtype") : "fp32";
+  if (dtype != "fp32" && dtype != "bf16")
+    throw UserError(cat("export: --dtype ", dtype, ": expected fp32 or bf16"));
   CheckpointReader r(a.positional[0]);
   check_as_verify(r);
   const std::string kind = model_kind(r);
@@ -328,9 +333,10 @@ int cmd_export(const Args& a) {
   }
   std::sort(out.begin(), out.end(), [](const NamedTensor& x, const NamedTensor& y) { return x.name < y.name; });
   write_safetensors(a.options.at("--to"), out,
-                    {{"format", "pt"}, {"piper_model", r.attribute("model")}, {"piper_step", r.attribute("step")}});
-  std::printf("exported %zu tensors of %s (model %s) to %s\n", out.size(), r.path().c_str(), kind.c_str(),
-              a.options.at("--to").c_str());
+                    {{"format", "pt"}, {"piper_model", r.attribute("model")}, {"piper_step", r.attribute("step")}},
+                    dtype == "bf16");
+  std::printf("exported %zu tensors of %s (model %s) to %s as %s\n", out.size(), r.path().c_str(), kind.c_str(),
+              a.options.at("--to").c_str(), dtype == "bf16" ? "bfloat16" : "float32");
   return kExitOk;
 }
 
@@ -432,7 +438,7 @@ int ckpt_tool(const std::vector<std::string>& args) {
   if (cmd == "diff") return cmd_diff(parse(words, 1, {}, {"--rtol", "--atol", "--only"}));
   if (cmd == "verify") return cmd_verify(parse(words, 1, {}, {}));
   if (cmd == "meta") return cmd_meta(parse(words, 1, {}, {}));
-  if (cmd == "export") return cmd_export(parse(words, 1, {}, {"--to"}));
+  if (cmd == "export") return cmd_export(parse(words, 1, {}, {"--to", "--dtype"}));
   if (cmd == "import") return cmd_import(parse(words, 1, {}, {"--to", "--job", "--set"}));
   throw UserError(cat("unknown command '", cmd, "' (ls, show, diff, verify, meta, export, import)"));
 }

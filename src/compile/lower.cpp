@@ -369,10 +369,21 @@ class Lowerer {
     return keyed_buffer('D', boundary, mb, uint64_t(act_elems(boundary)) * sizeof(float), BufferKind::Activation,
                         cat("dact", boundary, ".mb", mb));
   }
-  // The stash kept from the forward to the backward: all of it, or under selective recompute its kept part.
+  // Whether a bf16 run holds the segment's stash in bf16 (ComputeArgs::stash_bf16): a type with a stash layout,
+  // not recomputed, whose stash no other segment reads.
+  bool stash_in_bf16(int seg) const {
+    const Segment& s = segs_[size_t(seg)];
+    if (spec_.job.precision != "bf16" || !s.type->stash_layout || recomputed(seg)) return false;
+    for (size_t o = 0; o < segs_.size(); ++o)
+      if (segs_[o].type->link_offset != 0 && int(o) + segs_[o].type->link_offset == seg) return false;
+    return true;
+  }
+  // The stash kept from the forward to the backward: all of it, or under selective recompute its kept part; in
+  // bf16 where stash_in_bf16.
   int stash_buf(int seg, int mb) {
     auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
-    const uint64_t bytes = selective(seg) ? sz.stash_kept_bytes : sz.stash_bytes;
+    uint64_t bytes = selective(seg) ? sz.stash_kept_bytes : sz.stash_bytes;
+    if (stash_in_bf16(seg)) bytes = segs_[size_t(seg)].type->stash_layout(segs_[size_t(seg)], m_.dims, b_).packed_bytes();
     return keyed_buffer('S', seg, mb, bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
   }
   bool recomputed(int seg) const { return g_.segment_recompute[size_t(seg)] != 0; }
@@ -400,7 +411,7 @@ class Lowerer {
   }
 
   void make_workspace() {
-    uint64_t ws = 0, scratch = 0;
+    uint64_t ws = 0, scratch = 0, view = 0;
     bool needs_scratch = false;
     const int threads = std::max(1, spec_.job.threads);
     for (const auto& r : g_.regions) {
@@ -408,6 +419,7 @@ class Lowerer {
       for (int s = r.seg_begin; s < r.seg_end; ++s) {
         const Segment& seg = segs_[size_t(s)];
         ws = std::max<uint64_t>(ws, segment_sizes(seg, m_.dims, b_).workspace_bytes);
+        if (stash_in_bf16(s)) view = std::max<uint64_t>(view, segment_sizes(seg, m_.dims, b_).stash_bytes);
         if (seg.type->scratch_floats) {
           needs_scratch = true;
           if (seg.type->scratch_estimate) scratch = std::max(scratch, seg.type->scratch_estimate(m_.dims, b_, threads));
@@ -417,6 +429,8 @@ class Lowerer {
     p_.workspace_buf = new_buffer(std::max<uint64_t>(ws, 4), BufferKind::Workspace, true, "workspace");
     // The backend sizes the scratch at run time; this is the estimate.
     if (needs_scratch) p_.scratch_buf = new_buffer(std::max<uint64_t>(scratch, 4), BufferKind::Workspace, true, "scratch");
+    // The fp32 stash of the segment running now, where the stashes are held in bf16.
+    if (view > 0) p_.stash_view_buf = new_buffer(view, BufferKind::Activation, true, "stash.view");
   }
 
   // ---------------------------------------------------------------- compute
@@ -602,6 +616,7 @@ class Lowerer {
     in.stash = n.kind == NodeKind::F && full ? forward_only_stash(op.segment, mb) : stash_buf(op.segment, mb);
     if (selective(op.segment))
       in.stash_tail = n.kind == NodeKind::F ? forward_only_stash(op.segment, mb) : stash_tail_buf(op.segment, mb);
+    in.stash_bf16 = stash_in_bf16(op.segment) ? 1 : 0;
     if (seg.type->link_offset != 0) {
       const int partner = op.segment + seg.type->link_offset;
       PIPER_CHECK(partner >= 0 && size_t(partner) < segs_.size(), "segment ", seg.name, " links outside the model");

@@ -38,6 +38,7 @@ struct JobSection {
   int64_t steps = 100;
   uint64_t seed = 1234;
   std::string backend = "cpu";  // cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 matmul operands, fp32 accumulation and master weights)
   int threads = 0;              // compute threads per rank; 0 = cores / ranks on the node
   double watchdog_s = 600;      // no instruction finished for this long during a step ends the job (exit 5); 0 = off
   int64_t log_every = 1;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/kernels.hpp"
 #include "model/model.hpp"
@@ -24,6 +25,32 @@ struct SegmentSizes {
   size_t wstash_bytes = 0;     // backward-input → backward-weight
   size_t workspace_bytes = 0;  // scratch during backward (excluding the backend scratch)
   size_t input_bytes = 0;      // activation this segment reads (0 when it reads data)
+};
+
+// A stash as runs of 4-byte values in the order the segment carves them (model/stash_carver.hpp): floats that a
+// bf16 run stores as bf16, at half the bytes, and values stored as they are (int32 ids; statistics such as a
+// norm's rstd or a softmax's log-sum-exp). Stored so, each run starts 4-byte aligned, one after another.
+struct StashRun {
+  uint64_t offset = 0, bytes = 0;  // in the fp32 stash
+  bool exact = false;
+};
+struct StashLayout {
+  std::vector<StashRun> runs;  // in order, one after another from 0
+  // Appends a run, or extends the last one where it is of the same kind.
+  void add(uint64_t offset, uint64_t bytes, bool exact) {
+    if (bytes == 0) return;
+    if (!runs.empty() && runs.back().exact == exact && runs.back().offset + runs.back().bytes == offset)
+      runs.back().bytes += bytes;
+    else
+      runs.push_back({offset, bytes, exact});
+  }
+  static uint64_t packed_size(const StashRun& r) { return r.exact ? r.bytes : (r.bytes / 2 + 3) / 4 * 4; }
+  uint64_t fp32_bytes() const { return runs.empty() ? 0 : runs.back().offset + runs.back().bytes; }
+  uint64_t packed_bytes() const {
+    uint64_t n = 0;
+    for (const StashRun& r : runs) n += packed_size(r);
+    return n;
+  }
 };
 
 // What the executor loads into the start of a segment's stash before its forward.
@@ -90,6 +117,9 @@ struct SegmentType {
   // With SegmentSizes::stash_kept_bytes: from the kept part of the stash (and the input and parameters), writes
   // the tail exactly as the forward did. Adds to no loss or statistics.
   SegmentFn rerun_tail = nullptr;
+  // The runs of its stash (the whole, kept part then tail), for storing it in bf16 between the forward and the
+  // backward; null: the stash stays fp32 (segments that read data into it, or share it with a linked segment).
+  StashLayout (*stash_layout)(const Segment& seg, const ModelDims& d, int samples) = nullptr;
   // Backend scratch its backward needs, in floats (sized at run time by the backend); null: none.
   size_t (*scratch_floats)(const Kernels& k, const ModelDims& d, int samples) = nullptr;
   // The compiler's estimate of that scratch, in bytes, for `threads` compute threads.

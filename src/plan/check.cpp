@@ -54,7 +54,8 @@ class PlanCheck {
     require(p_.steps >= 0 && p_.log_every >= 1 && p_.max_skipped >= 0 && p_.checkpoint_every >= 0 &&
                 p_.checkpoint_keep >= 0 && p_.threads >= 0 && p_.threads <= 1024,
             "steps, log_every, max_skipped, checkpoint or threads out of range");
-    require(std::isfinite(p_.watchdog_s) && p_.watchdog_s >= 0 && p_.watchdog_s <= 1e9, "watchdog_s out of range");
+    require(p_.precision == Precision::Fp32 || p_.precision == Precision::Bf16, "precision out of range");
+  require(std::isfinite(p_.watchdog_s) && p_.watchdog_s >= 0 && p_.watchdog_s <= 1e9, "watchdog_s out of range");
     const OptimizerConfig& o = p_.optimizer;
     auto in = [](double x, double lo, double hi) { return std::isfinite(x) && x >= lo && x <= hi; };
     require(o.kind == "adamw" && in(o.lr, 0, 10) && o.lr > 0 && in(o.min_lr, 0, o.lr) && in(o.beta1, 0, 1) &&
@@ -228,6 +229,10 @@ class PlanCheck {
       index(p_.workspace_buf, p_.buffers.size(), "workspace buffer");
       require(p_.buffers[size_t(p_.workspace_buf)].persistent, "the workspace is not persistent");
     }
+    if (p_.stash_view_buf != -1) {
+      index(p_.stash_view_buf, p_.buffers.size(), "stash view buffer");
+      require(p_.buffers[size_t(p_.stash_view_buf)].persistent, "the stash view is not persistent");
+    }
     if (p_.scratch_buf != -1) {
       index(p_.scratch_buf, p_.buffers.size(), "scratch buffer");
       require(p_.buffers[size_t(p_.scratch_buf)].persistent, "the scratch is not persistent");
@@ -309,6 +314,7 @@ class PlanCheck {
     require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
             "samples ", in.sample_offset, "+", in.samples, " outside the replica's ", p_.samples_per_replica);
     require(std::isfinite(in.loss_scale), "loss scale is not finite");
+    require(in.stash_bf16 <= 1, "stash_bf16 is ", int(in.stash_bf16), ", not 0 or 1");
     require(in.alike_block >= 1 && in.alike_block <= p_.data_sharing &&
                 p_.data_sharing % in.alike_block == 0,
             "alike in blocks of ", in.alike_block, " replicas, of ", p_.data_sharing, " sharing samples");
@@ -337,6 +343,16 @@ class PlanCheck {
       require(type.rerun_tail && z.stash_kept_bytes > 0, "a split stash for a segment type without one");
       bytes(in.stash, z.stash_kept_bytes, "kept stash");
       bytes(in.stash_tail, z.stash_bytes - z.stash_kept_bytes, "stash tail");
+    } else if (in.stash_bf16) {  // held in bf16, used in fp32 in the view
+      require(p_.precision == Precision::Bf16 && type.stash_layout && op != Op::Recompute && in.link == -1,
+              "a stash held in bf16 outside a bf16 plan, for a type without a layout, or rerun");
+      const StashLayout layout = type.stash_layout(seg, p_.dims, in.samples);
+      require(layout.fp32_bytes() == z.stash_bytes, "a stash layout of ", layout.fp32_bytes(), " bytes for a stash of ",
+              z.stash_bytes);
+      bytes(in.stash, layout.packed_bytes(), "bf16 stash");
+      index(p_.stash_view_buf, p_.buffers.size(), "stash view buffer");
+      require(p_.buffers[size_t(p_.stash_view_buf)].persistent, "the stash view is not persistent");
+      bytes(p_.stash_view_buf, z.stash_bytes, "stash view");
     } else {
       bytes(in.stash, z.stash_bytes, "stash");
     }

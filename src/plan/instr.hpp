@@ -41,6 +41,9 @@ struct ComputeArgs {
   // computes the weight gradients and adds to the loss and statistics, the others write zero gradients (or add
   // nothing) and add where nothing reads
   int32_t alike_block = 1;
+  // 1: the stash buffer holds the stash in bf16 (SegmentType::stash_layout's runs, packed): the forward writes it
+  // in fp32 into Plan::stash_view_buf and stores it so; a backward reads it back there first
+  uint8_t stash_bf16 = 0;
 
   template <typename Fn>  // fn(Operand role, buffer id) for every buffer named (ids may be -1)
   void operands(Fn&& fn) const {

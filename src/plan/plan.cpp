@@ -200,6 +200,7 @@ std::string plan_to_text(const Plan& p) {
   for (int r : p.sets[size_t(p.set)]) os << " " << r;
   os << "), version " << kPlanVersion << "\n";
   os << "# microbatches " << p.microbatches << ", samples per replica " << p.samples_per_replica << "\n";
+  if (p.precision != Precision::Fp32) os << "# precision " << precision_name(p.precision) << "\n";
   os << "segments:";
   for (size_t i = 0; i < p.segments.size(); ++i) os << " " << i << "=" << p.segments[i].name << ":" << p.segments[i].type->name;
   os << "\nstreams:";

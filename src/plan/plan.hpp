@@ -10,10 +10,11 @@
 #include "model/model.hpp"
 #include "plan/instr.hpp"
 #include "util/optimizer_config.hpp"
+#include "util/precision.hpp"
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 13;
+constexpr uint32_t kPlanVersion = 14;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -88,6 +89,7 @@ struct Plan {
   std::string job_name;
   std::string job_text;
   std::string backend = "cpu";
+  Precision precision = Precision::Fp32;  // job.precision: how the backend's matmuls take their operands
   uint64_t seed = 0;
   int64_t steps = 0;
   double watchdog_s = 0;  // job.watchdog_s; 0: no watchdog
@@ -123,6 +125,7 @@ struct Plan {
   std::vector<Instr> instrs;
   int32_t workspace_buf = -1;
   int32_t scratch_buf = -1;     // backend scratch of the segments, sized at run time (SegmentType::scratch_floats)
+  int32_t stash_view_buf = -1;  // the fp32 stash of a segment whose stash is held in bf16 (ComputeArgs::stash_bf16)
   MemoryEstimate memory;
   double predicted_step = 0;    // cost model: seconds per step (the whole job)
   double predicted_bubble = 0;  // cost model: idle share of this set's compute stream

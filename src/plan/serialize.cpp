@@ -68,7 +68,7 @@ void fields(Io& io, Fields&... f) {
 template <typename Io>
 void payload_fields(ComputeArgs& a, Io io) {
   fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.stash_tail, a.wstash, a.dout, a.din, a.link,
-         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.alike_block);
+         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.alike_block, a.stash_bf16);
 }
 template <typename Io>
 void payload_fields(UpdateArgs& a, Io io) {
@@ -179,6 +179,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.job_name);
   w.put_string(p.job_text);
   w.put_string(p.backend);
+  w.put<uint8_t>(uint8_t(p.precision));
   w.put(p.seed);
   w.put(p.steps);
   w.put(p.watchdog_s);
@@ -246,6 +247,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   for (const auto& in : p.instrs) put_instr(w, in);
   w.put(p.workspace_buf);
   w.put(p.scratch_buf);
+  w.put(p.stash_view_buf);
   w.put(p.memory);
   w.put(p.predicted_step);
   w.put(p.predicted_bubble);
@@ -266,6 +268,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.job_name = r.get_string();
   p.job_text = r.get_string();
   p.backend = r.get_string();
+  p.precision = Precision(r.get<uint8_t>());
   p.seed = r.get<uint64_t>();
   p.steps = r.get<int64_t>();
   p.watchdog_s = r.get<double>();
@@ -343,6 +346,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   for (uint32_t i = 0; i < ni; ++i) p.instrs.push_back(get_instr(r));
   p.workspace_buf = r.get<int32_t>();
   p.scratch_buf = r.get<int32_t>();
+  p.stash_view_buf = r.get<int32_t>();
   p.memory = r.get<MemoryEstimate>();
   p.predicted_step = r.get<double>();
   p.predicted_bubble = r.get<double>();

@@ -37,6 +37,13 @@ void backoff(int& round) {
 Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* kernels)
     : plan_(plan), backend_(backend), k_(kernels ? *kernels : backend.kernels()), world_(world), store_(plan, backend) {
   t0_ = now_seconds();
+  k_.set_matmul_precision(plan_.precision);
+  for (const auto& instr : plan_.instrs)
+    if (op_is_compute(instr.op) && instr.compute().stash_bf16) {
+      const ComputeArgs& c = instr.compute();
+      const Segment& seg = plan_.segments[size_t(c.segment)];
+      stash_layouts_.try_emplace({c.segment, c.samples}, seg.type->stash_layout(seg, plan_.dims, c.samples));
+    }
   if (plan_.scratch_buf >= 0) {
     // the largest backend scratch any segment of this plan needs
     size_t floats = 1;
@@ -495,10 +502,20 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   float* workspace = store_.f(plan_.workspace_buf);
   const ModelDims& d = plan_.dims;
   k_.begin_region(seg.name.c_str());
+  // A stash held in bf16 is used in fp32 in the view: written there by the forward and then stored, or read back
+  // there before a backward.
+  const StashLayout* layout = nullptr;
+  void* held = io.stash;
+  if (in.stash_bf16) {
+    layout = &stash_layouts_.at({in.segment, in.samples});
+    io.stash = store_.f(plan_.stash_view_buf);
+    if (op != Op::Forward) load_stash_bf16(*layout, held, static_cast<float*>(io.stash));
+  }
   switch (op) {
     case Op::Forward:
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
+      if (layout) store_stash_bf16(*layout, static_cast<const float*>(io.stash), held);
       break;
     case Op::Recompute:  // the whole forward again, or (a split stash) only the part selective recompute dropped
       if (in.stash_tail >= 0) {
@@ -527,6 +544,26 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
       backward_weight(in, seg, io);
       break;
     default: break;
+  }
+}
+
+void Executor::store_stash_bf16(const StashLayout& layout, const float* view, void* held) {
+  char* to = static_cast<char*>(held);
+  const char* from = reinterpret_cast<const char*>(view);
+  for (const StashRun& r : layout.runs) {
+    if (r.exact) k_.copy(to, from + r.offset, r.bytes);
+    else k_.to_bf16(reinterpret_cast<uint16_t*>(to), reinterpret_cast<const float*>(from + r.offset), r.bytes / 4);
+    to += StashLayout::packed_size(r);
+  }
+}
+
+void Executor::load_stash_bf16(const StashLayout& layout, const void* held, float* view) {
+  const char* from = static_cast<const char*>(held);
+  char* to = reinterpret_cast<char*>(view);
+  for (const StashRun& r : layout.runs) {
+    if (r.exact) k_.copy(to + r.offset, from, r.bytes);
+    else k_.from_bf16(reinterpret_cast<float*>(to + r.offset), reinterpret_cast<const uint16_t*>(from), r.bytes / 4);
+    from += StashLayout::packed_size(r);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.hpp"
 #include "data/data.hpp"
+#include "model/segment_type.hpp"
 #include "plan/owned_slices.hpp"
 #include "plan/plan.hpp"
 #include "plan/state_view.hpp"
@@ -113,6 +115,9 @@ class Executor {
   void run_compute(Op op, const ComputeArgs& in);
   void backward_weight(const ComputeArgs& in, const Segment& seg, const SegmentIO& io);
   void load_data(const ComputeArgs& in, void* stash);
+  // A stash held in bf16: the fp32 `view` stored into `held` by its layout's runs, or read back from it.
+  void store_stash_bf16(const StashLayout& layout, const float* view, void* held);
+  void load_stash_bf16(const StashLayout& layout, const void* held, float* view);
   void run_update(const UpdateArgs& in);
   void run_step_sync(const StepSyncArgs& in);
   void finish_reduce_scatter(const CollectiveArgs& in);
@@ -158,6 +163,8 @@ class Executor {
   const std::atomic<int>* failure_flag_ = nullptr;
   size_t routing_size_ = 0;                 // doubles of all routing statistics blocks
   std::vector<int64_t> routing_offset_;     // per segment: its statistics block (-1: not a routing segment)
+  // (segment, samples) → the runs of its stash, for the stashes held in bf16 (ComputeArgs::stash_bf16)
+  std::map<std::pair<int32_t, int32_t>, StashLayout> stash_layouts_;
   std::vector<double> sync_local_, sync_global_;  // the step sync's sums, allocated once
   std::vector<float> statistics_delta_;             // host: a parameter's step from statistics
   float* statistics_delta_dev_ = nullptr;           // device: the part of it being added

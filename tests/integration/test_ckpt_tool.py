@@ -1,6 +1,7 @@
 """piper-ckpt on real checkpoints of real runs: ls, show (values, --stats, --slice), diff (exit 1 beyond the
 tolerance), verify (planted damage found, per file), meta, and export -> import round trips for GPT-2 and
-Qwen3 that are bit-identical; an imported checkpoint starts a run; files written by other writers (a
+Qwen3 that are bit-identical; export --dtype bf16 writes each value rounded to the nearest bfloat16 (ties to
+even), which imports; an imported checkpoint starts a run; files written by other writers (a
 hand-written BF16 file in Hugging Face's GPT-2 layout, and the Python `safetensors` package when installed)
 import; bad input exits 2 with a message naming the file."""
 import json
@@ -19,6 +20,12 @@ def read_st(path):
         data = f.read()
     meta = header.pop("__metadata__", {})
     return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}, meta
+
+
+def bf16_of_f32(raw):
+    """The bytes of float32 values `raw` rounded to bfloat16, nearest with ties to even (finite values)."""
+    words = struct.unpack(f"<{len(raw) // 4}I", raw)
+    return struct.pack(f"<{len(words)}H", *(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF for u in words))
 
 
 def write_st(path, tensors):
@@ -128,6 +135,25 @@ def main():
         fail("export of the imported checkpoint differs from the first export")
     piper_ckpt("verify", imp)
     print("ok  GPT-2 export -> import -> export is bit-identical; the import verifies, moments are zero")
+
+    # export --dtype bf16: the same tensors, each value rounded to the nearest bfloat16
+    st16 = os.path.join(d, "gpt-bf16.safetensors")
+    piper_ckpt("export", s20, "--to", st16, "--dtype", "bf16")
+    t16, _ = read_st(st16)
+    if sorted(t16) != sorted(tensors):
+        fail(f"export --dtype bf16 names other tensors: {sorted(t16)[:5]}")
+    for name, (dt, shape, raw) in tensors.items():
+        if t16[name][0] != "BF16" or t16[name][1] != shape or t16[name][2] != bf16_of_f32(raw):
+            fail(f"export --dtype bf16: {name} is {t16[name][0]} {t16[name][1]}, not the float32 export rounded to BF16")
+    imp16 = os.path.join(d, "imp16", "step_00000000.h5")
+    os.makedirs(os.path.dirname(imp16))
+    piper_ckpt("import", st16, "--job", cfg, "--to", imp16)
+    if piper_ckpt("diff", s20, imp16, "--only", "params/", "--rtol", "0.004", want=None).returncode != 0:
+        fail("the bf16 export imports to parameters further than bf16 rounding (2^-8) from the checkpoint's")
+    err = piper_ckpt("export", s20, "--to", os.path.join(d, "x.safetensors"), "--dtype", "fp16", want=2).stderr
+    if "--dtype" not in err:
+        fail(f"export --dtype fp16: the error does not name --dtype: {err}")
+    print("ok  export --dtype bf16 writes the float32 export rounded to nearest-even bfloat16; it imports; fp16 exits 2")
 
     # the imported checkpoint starts a run from the trained weights
     m = os.path.join(d, "ft.jsonl")

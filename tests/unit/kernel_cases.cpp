@@ -74,6 +74,7 @@ const std::vector<KernelCase>& kernel_cases() {
     add_moe_routing_cases(c);
     add_tensor_parallel_cases(c);
     add_elementwise_cases(c);
+    add_bf16_cases(c);
     return c;
   }();
   return cases;

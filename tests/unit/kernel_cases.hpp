@@ -19,6 +19,7 @@ void add_moe_cases(std::vector<KernelCase>& cases);          // grouped linear, 
 void add_moe_routing_cases(std::vector<KernelCase>& cases);  // router, capacity and order, balance loss, backward
 void add_tensor_parallel_cases(std::vector<KernelCase>& cases);  // vocabulary-parallel cross-entropy
 void add_elementwise_cases(std::vector<KernelCase>& cases);  // add, fill, copy, sum of squares, AdamW
+void add_bf16_cases(std::vector<KernelCase>& cases);         // a bf16 run's matmuls: linear calls, grouped
 
 // "N=70 C=96"
 std::string dims(std::initializer_list<std::pair<const char*, long>> d);

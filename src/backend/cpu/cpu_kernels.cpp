@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/bf16_gemm.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"
 
@@ -95,17 +96,34 @@ void sgemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, float alpha
 
 CpuKernels::CpuKernels(int threads) : threads_(std::max(1, threads)) { openblas_set_num_threads(1); }
 
+std::string CpuKernels::bf16_matmul_path() const { return bf16_gemm_description(); }
+
+void CpuKernels::gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                      int ldb, float beta, float* C, int ldc) {
+  if (matmul_ == Precision::Bf16)
+    bf16_gemm_parallel(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, threads_);
+  else
+    sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc, threads_);
+}
+
 void CpuKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
   if (b) {
     for_range(size_t(N), threads_, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) std::memcpy(y + r * OC, b, sizeof(float) * OC);
     });
   }
-  sgemm_parallel(false, true, N, OC, C, 1.f, x, C, w, C, b ? 1.f : 0.f, y, OC, threads_);
+  gemm(false, true, N, OC, C, x, C, w, C, b ? 1.f : 0.f, y, OC);
 }
 
 void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
                                      int C, int OC) {
+  if (matmul_ == Precision::Bf16) {  // the bf16 product, then gelu and gelu' in one pass
+    linear_forward(y, x, w, b, N, C, OC);
+    for_range(size_t(N) * OC, threads_, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) vec::gelu_and_grad(y[i], y[i], dgelu[i]);
+    });
+    return;
+  }
   // Each thread multiplies its block of rows into y, then turns it into gelu and gelu' in one pass
   // while the block is still in cache.
   int nt = (double(N) * OC * C < 2e6) ? 1 : threads_;
@@ -126,12 +144,12 @@ void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, con
 
 void CpuKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
                                        bool accumulate) {
-  sgemm_parallel(false, false, N, C, OC, 1.f, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C, threads_);
+  gemm(false, false, N, C, OC, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C);
 }
 
 void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
                                         bool accumulate) {
-  sgemm_parallel(true, false, OC, C, N, 1.f, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C, threads_);
+  gemm(true, false, OC, C, N, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
   if (!db) return;
   for_chunks(size_t(OC), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
     float* __restrict out = db;
@@ -354,6 +372,18 @@ void CpuKernels::accumulate(float* y, const float* x, size_t n) {
 
 void CpuKernels::fill(float* y, float value, size_t n) {
   for_range(n, threads_, [&](size_t e0, size_t e1) { std::fill(y + e0, y + e1, value); });
+}
+
+void CpuKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    for (size_t i = e0; i < e1; ++i) dst[i] = bf16_bits(src[i]);
+  });
+}
+
+void CpuKernels::from_bf16(float* dst, const uint16_t* src, size_t n) {
+  for_range(n, threads_, [&](size_t e0, size_t e1) {
+    for (size_t i = e0; i < e1; ++i) dst[i] = bf16_value(src[i]);
+  });
 }
 
 void CpuKernels::copy(void* dst, const void* src, size_t bytes) {

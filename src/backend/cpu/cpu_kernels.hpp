@@ -10,6 +10,9 @@ class CpuKernels final : public Kernels {
   explicit CpuKernels(int threads);
   int threads() const { return threads_; }
 
+  void set_matmul_precision(Precision p) override { matmul_ = p; }
+  std::string bf16_matmul_path() const override;
+
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
   void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
                            int OC) override;
@@ -64,6 +67,8 @@ class CpuKernels final : public Kernels {
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;
+  void to_bf16(uint16_t* dst, const float* src, size_t n) override;
+  void from_bf16(float* dst, const uint16_t* src, size_t n) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void sum_squares(double* acc, const float* x, size_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;
@@ -86,7 +91,12 @@ class CpuKernels final : public Kernels {
   void download(void* host_dst, const void* src, size_t bytes) override;
 
  private:
+  // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a linear layer, in the matmul precision.
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc);
+
   int threads_;
+  Precision matmul_ = Precision::Fp32;
 };
 
 // How sgemm_parallel divides C(M,N) = op(A)(M,K) · op(B)(K,N) among threads: blocks of C's rows, of its

@@ -1,5 +1,6 @@
-// CudaKernels: the host side of every primitive. Matmuls are cuBLAS fp32 gemms in row-major form (operands
-// swapped for cuBLAS's column-major view, CUBLAS_COMPUTE_32F so no TF32); the rest launches cuda_launch.hpp.
+// CudaKernels: the host side of every primitive. Matmuls are cuBLAS gemms in row-major form (operands swapped for
+// cuBLAS's column-major view, CUBLAS_COMPUTE_32F so no TF32; bf16 operands in a bf16 run); the rest launches
+// cuda_launch.hpp.
 #ifdef PIPER_HAVE_CUDA
 #include "backend/cuda/cuda_kernels.hpp"
 
@@ -25,6 +26,30 @@ void gemm(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int K, flo
   if (M <= 0 || N <= 0) return;
   CUBLAS_CHECK(cublasGemmEx(h, op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
                             &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The same product with A and B rounded to bf16 (packed copies in the stream's workspace) and fp32 accumulation
+// into the fp32 C: the linear layers' matmuls of a bf16 run, on tensor cores.
+void gemm_bf16(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // no operands: C = beta · C, which only beta = 0 (C = 0) or 1 (nothing) ask for
+    if (beta == 0.f)
+      CUDA_CHECK(cudaMemset2DAsync(C, sizeof(float) * size_t(ldc), 0, sizeof(float) * size_t(N), size_t(M),
+                                   stream.stream()));
+    return;
+  }
+  // op(A) is M×K: stored (M,K), or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const size_t a_elems = size_t(a_rows) * a_cols, b_elems = size_t(b_rows) * b_cols;
+  auto* a16 = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (a_elems + b_elems + 64)));
+  uint16_t* b16 = a16 + (a_elems + 63) / 64 * 64;  // 128-byte aligned
+  cuda::to_bf16(a16, A, a_rows, a_cols, lda, stream.stream());
+  cuda::to_bf16(b16, B, b_rows, b_cols, ldb, stream.stream());
+  const float alpha = 1.f;
+  CUBLAS_CHECK(cublasGemmEx(stream.blas(), op(trans_b), op(trans_a), N, M, K, &alpha, b16, CUDA_R_16BF, b_cols, a16,
+                            CUDA_R_16BF, a_cols, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // The same for `batch` independent products whose operands are `stride_*` floats apart.
@@ -123,16 +148,24 @@ CudaKernels::Target CudaKernels::target() {
   return {*fallback_, std::move(lock)};
 }
 
+void CudaKernels::linear_gemm(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, const float* A,
+                              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (matmul_ == Precision::Bf16)
+    gemm_bf16(stream, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  else
+    gemm(stream.blas(), trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+}
+
 void CudaKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
   Target t = target();
   if (b) cuda::bias_fill(y, b, N, OC, t.stream.stream());  // y(N,OC) = b
-  gemm(t.stream.blas(), false, true, N, OC, C, 1.f, x, C, w, C, b ? 1.f : 0.f, y, OC);  // y += x · w^T
+  linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, b ? 1.f : 0.f, y, OC);  // y += x · w^T
 }
 
 void CudaKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
                                       int C, int OC) {
   Target t = target();
-  gemm(t.stream.blas(), false, true, N, OC, C, 1.f, x, C, w, C, 0.f, y, OC);  // y(N,OC) = x · w^T
+  linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, 0.f, y, OC);  // y(N,OC) = x · w^T
   cuda::bias_gelu(dgelu, y, b, N, OC, t.stream.stream());                     // y = gelu(y + b), dgelu = gelu'
 }
 
@@ -140,14 +173,14 @@ void CudaKernels::linear_backward_input(float* dx, const float* dy, const float*
                                         bool accumulate) {
   Target t = target();
   // dx(N,C) (+)= dy(N,OC) · w(OC,C)
-  gemm(t.stream.blas(), false, false, N, C, OC, 1.f, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C);
+  linear_gemm(t.stream, false, false, N, C, OC, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C);
 }
 
 void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
                                          bool accumulate) {
   Target t = target();
   // dw(OC,C) (+)= dy(N,OC)^T · x(N,C)
-  gemm(t.stream.blas(), true, false, OC, C, N, 1.f, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
+  linear_gemm(t.stream, true, false, OC, C, N, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
   if (!db) return;
   auto* partial = static_cast<float*>(t.stream.workspace(sizeof(float) * size_t(cuda::column_chunks(N)) * OC));
   cuda::column_sums(db, dy, N, OC, accumulate, partial, t.stream.stream());  // db(OC) (+)= Σ_rows dy
@@ -157,10 +190,15 @@ namespace {
 
 // One GEMM per group of `groups` that has work, as `problem(g)` writes it, launched together.
 template <typename Problem>
-void run_grouped(CudaStream& stream, const LinearGroup* groups, int count, Problem&& problem) {
+void run_grouped(CudaStream& stream, Precision precision, const LinearGroup* groups, int count, Problem&& problem) {
   std::vector<GemmProblem> problems;
   for (int i = 0; i < count; ++i)
     if (std::optional<GemmProblem> p = problem(groups[i])) problems.push_back(*p);
+  if (precision == Precision::Bf16) {  // one bf16 gemm after another, in list order
+    for (const GemmProblem& p : problems)
+      gemm_bf16(stream, p.trans_a, p.trans_b, p.M, p.N, p.K, p.A, p.lda, p.B, p.ldb, p.beta, p.C, p.ldc);
+    return;
+  }
   gemm_grouped(stream, problems);
 }
 
@@ -168,7 +206,7 @@ void run_grouped(CudaStream& stream, const LinearGroup* groups, int count, Probl
 
 void CudaKernels::linear_forward_grouped(const LinearGroup* groups, int count) {
   Target t = target();
-  run_grouped(t.stream, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
+  run_grouped(t.stream, matmul_, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
     if (g.N <= 0 || g.OC <= 0) return std::nullopt;
     // y(N,OC) = x(N,C) · w(OC,C)^T
     return GemmProblem{false, true, g.N, g.OC, g.C, g.a, g.b, g.C, g.C, g.out, g.OC, 0.f};
@@ -177,7 +215,7 @@ void CudaKernels::linear_forward_grouped(const LinearGroup* groups, int count) {
 
 void CudaKernels::linear_backward_input_grouped(const LinearGroup* groups, int count) {
   Target t = target();
-  run_grouped(t.stream, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
+  run_grouped(t.stream, matmul_, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
     if (g.N <= 0 || g.C <= 0) return std::nullopt;
     // dx(N,C) (+)= dy(N,OC) · w(OC,C)
     return GemmProblem{false, false, g.N, g.C, g.OC, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f};
@@ -186,7 +224,7 @@ void CudaKernels::linear_backward_input_grouped(const LinearGroup* groups, int c
 
 void CudaKernels::linear_backward_weight_grouped(const LinearGroup* groups, int count) {
   Target t = target();
-  run_grouped(t.stream, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
+  run_grouped(t.stream, matmul_, groups, count, [](const LinearGroup& g) -> std::optional<GemmProblem> {
     if (g.OC <= 0 || g.C <= 0) return std::nullopt;
     // dw(OC,C) (+)= dy(N,OC)^T · x(N,C)
     return GemmProblem{true, false, g.OC, g.C, g.N, g.a, g.b, g.OC, g.C, g.out, g.C, g.accumulate ? 1.f : 0.f};
@@ -403,6 +441,16 @@ void CudaKernels::accumulate(float* y, const float* x, size_t n) {
 void CudaKernels::fill(float* y, float value, size_t n) {
   Target t = target();
   cuda::fill(y, value, n, t.stream.stream());
+}
+
+void CudaKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {
+  Target t = target();
+  cuda::to_bf16(dst, src, n, t.stream.stream());
+}
+
+void CudaKernels::from_bf16(float* dst, const uint16_t* src, size_t n) {
+  Target t = target();
+  cuda::from_bf16(dst, src, n, t.stream.stream());
 }
 
 void CudaKernels::copy(void* dst, const void* src, size_t bytes) {

@@ -1,4 +1,5 @@
-// CUDA implementation of the compute primitives: cuBLAS fp32 gemms (no TF32) for every matmul and the
+// CUDA implementation of the compute primitives: cuBLAS fp32 gemms (no TF32; bf16 operands on tensor cores in a
+// bf16 run's linear layers) for every matmul and the
 // backend's own kernels (cuda_launch.hpp) for the rest. Work goes to the calling thread's bound stream.
 #pragma once
 #include <mutex>
@@ -19,6 +20,11 @@ class CudaKernels final : public Kernels {
     std::unique_lock<std::mutex> lock;
   };
   Target target();
+
+  void set_matmul_precision(Precision p) override { matmul_ = p; }
+  std::string bf16_matmul_path() const override {
+    return "cuBLAS gemm of bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F, tensor cores)";
+  }
 
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
   void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
@@ -77,6 +83,8 @@ class CudaKernels final : public Kernels {
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;
+  void to_bf16(uint16_t* dst, const float* src, size_t n) override;
+  void from_bf16(float* dst, const uint16_t* src, size_t n) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void sum_squares(double* acc, const float* x, size_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;
@@ -100,6 +108,11 @@ class CudaKernels final : public Kernels {
   void host_free(void* p) override;
 
  private:
+  // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a linear layer, in the matmul precision.
+  void linear_gemm(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                   const float* B, int ldb, float beta, float* C, int ldc);
+
+  Precision matmul_ = Precision::Fp32;
   CudaStream* fallback_;
   std::mutex fallback_mu_;
 };

@@ -17,6 +17,12 @@ void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s);
 void bias_gelu(float* dgelu, float* y, const float* b, int N, int OC, cudaStream_t s);
 // dpre(n) = dy(n) * dgelu(n); dpre may alias dy
 void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s);
+// dst(rows,cols) packed bf16 (as uint16 bits) = src(rows,cols) with leading dimension ld, rounded to nearest even
+// (util/precision.hpp's bf16_bits, to the bit): a bf16 matmul's operand
+void to_bf16(uint16_t* dst, const float* src, int rows, int cols, int ld, cudaStream_t s);
+// dst(n) = src(n) rounded so (contiguous), and back: a bf16 run's stash as stored
+void to_bf16(uint16_t* dst, const float* src, size_t n, cudaStream_t s);
+void from_bf16(float* dst, const uint16_t* src, size_t n, cudaStream_t s);
 
 // Column sums over rows are done in two deterministic stages: partial sums of row chunks, then the sum
 // of the chunks in fixed order. column_chunks(N) chunks of C floats make one partial buffer.

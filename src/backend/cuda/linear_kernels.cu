@@ -1,5 +1,5 @@
 // Elementwise work around the cuBLAS matmuls of linear layers: bias broadcast, fused bias + GELU-tanh,
-// GELU backward, and deterministic column sums over rows (bias gradients, reused by layernorm).
+// GELU backward, bf16 operands, and deterministic column sums over rows (bias gradients, reused by layernorm).
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/cuda/cuda_launch.hpp"
 #include "backend/cuda/device_utils.cuh"
@@ -35,6 +35,30 @@ __global__ void bias_gelu_kernel(float* dgelu, float* y, const float* b, int N, 
 __global__ void gelu_backward_kernel(float* dpre, const float* dy, const float* dgelu, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     dpre[i] = dy[i] * dgelu[i];  // dpre may alias dy: read before write, same thread
+}
+
+// The rounding of util/precision.hpp's bf16_bits: nearest, ties to even; NaN kept quiet.
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// dst(rows,cols) = bf16 bits of src(rows,cols) (leading dimension ld): columns over x, rows grid-strided over y.
+__global__ void to_bf16_kernel(uint16_t* dst, const float* src, int rows, int cols, int ld) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) dst[int64_t(r) * cols + c] = bf16_bits(src[int64_t(r) * ld + c]);
+}
+
+__global__ void to_bf16_flat_kernel(uint16_t* dst, const float* src, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = bf16_bits(src[i]);
+}
+
+__global__ void from_bf16_kernel(float* dst, const uint16_t* src, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = __uint_as_float(uint32_t(src[i]) << 16);
 }
 
 // partial(chunk, C) = Σ over the chunk's rows of x(N,C). Block (32, 8): 32 columns, 8 row lanes.
@@ -83,6 +107,25 @@ void bias_gelu(float* dgelu, float* y, const float* b, int N, int OC, cudaStream
 void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s) {
   if (n == 0) return;
   gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, dgelu, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void to_bf16(uint16_t* dst, const float* src, int rows, int cols, int ld, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  dim3 grid((cols + 255) / 256, grid_rows(rows));
+  to_bf16_kernel<<<grid, 256, 0, s>>>(dst, src, rows, cols, ld);
+  CUDA_CHECK_LAUNCH();
+}
+
+void to_bf16(uint16_t* dst, const float* src, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  to_bf16_flat_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, src, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void from_bf16(float* dst, const uint16_t* src, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  from_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, src, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -84,8 +84,8 @@ struct AttentionStash {
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
-    ln1_mean = c.keep<float>(s.n);                  // (n)
-    ln1_rstd = c.keep<float>(s.n);                  // (n)
+    ln1_mean = c.keep_exact(s.n);                      // (n)
+    ln1_rstd = c.keep_exact(s.n);                      // (n)
     qkv = c.keep<float>(int64_t(s.n) * 3 * s.A);    // (n,3A): this rank's q, k, v
     c.tail(ln1, int64_t(s.n) * s.C);                // (n,C)
     c.tail(att, int64_t(s.b) * s.H * s.T * s.T);    // (b,H,T,T)
@@ -107,6 +107,12 @@ struct AttentionWStash {
     floats = c.bytes() / sizeof(float);
   }
 };
+
+StashLayout attention_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
+  StashLayout layout;
+  AttentionStash(StashParts::recording(&layout), Shape(d, samples, seg.shards));
+  return layout;
+}
 
 SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples) {
   const Shape s(d, samples, seg.shards);
@@ -198,8 +204,8 @@ struct MlpStash {
   size_t bytes, kept_bytes;
   MlpStash(StashParts p, const Shape& s) {
     StashCarver c(p);
-    ln2_mean = c.keep<float>(s.n);                  // (n)
-    ln2_rstd = c.keep<float>(s.n);                  // (n)
+    ln2_mean = c.keep_exact(s.n);                      // (n)
+    ln2_rstd = c.keep_exact(s.n);                      // (n)
     fc_dgelu = c.keep<float>(int64_t(s.n) * s.F);   // gelu'(fc pre-activation) (n,F), for the backward
     fc_gelu = c.keep<float>(int64_t(s.n) * s.F);    // (n,F)
     c.tail(ln2, int64_t(s.n) * s.C);                // (n,C)
@@ -220,6 +226,12 @@ struct MlpWStash {
     floats = c.bytes() / sizeof(float);
   }
 };
+
+StashLayout mlp_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
+  StashLayout layout;
+  MlpStash(StashParts::recording(&layout), Shape(d, samples, seg.shards));
+  return layout;
+}
 
 SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
   const Shape s(d, samples, seg.shards);
@@ -388,6 +400,7 @@ const SegmentType& attention_type() {
   static const SegmentType t{.name = "gpt2.attention", .sizes = attention_sizes, .forward = attention_forward,
                              .backward_input = attention_backward_input,
                              .backward_weight = attention_backward_weight, .rerun_tail = attention_rerun_tail,
+                             .stash_layout = attention_stash_layout,
                              .scratch_floats = attention_scratch_floats,
                              .scratch_estimate = attention_scratch_estimate, .tp_split = attention_tp_split,
                              .tp_refusal = attention_tp_refusal};
@@ -397,7 +410,8 @@ const SegmentType& attention_type() {
 const SegmentType& mlp_type() {
   static const SegmentType t{.name = "gpt2.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
                              .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight,
-                             .rerun_tail = mlp_rerun_tail, .tp_split = mlp_tp_split, .tp_refusal = mlp_tp_refusal};
+                             .rerun_tail = mlp_rerun_tail, .stash_layout = mlp_stash_layout,
+                             .tp_split = mlp_tp_split, .tp_refusal = mlp_tp_refusal};
   return t;
 }
 

@@ -79,14 +79,14 @@ struct AttentionStash {
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
-    rstd = c.keep<float>(s.n);                                          // (n)
+    rstd = c.keep_exact(s.n);                                           // (n)
     q_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.QD) : nullptr;  // (n,H,D)
-    q_rstd = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.H) : nullptr;  // (n,H)
+    q_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.H) : nullptr;   // (n,H)
     k_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KD) : nullptr;  // (n,KV,D)
-    k_rstd = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KV) : nullptr; // (n,KV)
+    k_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.KV) : nullptr;  // (n,KV)
     v = c.keep<float>(int64_t(s.n) * s.KD);                             // (b,T,KV,D)
     y = c.keep<float>(int64_t(s.n) * s.QD);                             // (b,T,H,D)
-    lse = c.keep<float>(int64_t(s.b) * s.H * s.T);                      // (b,H,T)
+    lse = c.keep_exact(int64_t(s.b) * s.H * s.T);                       // (b,H,T)
     c.tail(h, int64_t(s.n) * s.C);                                      // (n,C)
     if (s.qk_norm) {  // norm and RoPE of the kept projections
       c.tail(q, int64_t(s.n) * s.QD);                                   // (b,T,H,D)
@@ -130,6 +130,12 @@ void kv_backward_weight(Kernels& k, float* g, const float* dy, const float* h, c
     k.fill(g + (s.kv0 + s.KV) * head, 0.f, size_t((s.kv_whole - s.kv0 - s.KV) * head));
   }
   k.linear_backward_weight(g + s.kv0 * head, nullptr, dy, h, s.n, s.C, s.KD, accumulate);
+}
+
+StashLayout attention_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
+  StashLayout layout;
+  AttentionStash(StashParts::recording(&layout), Shape(d, samples, seg.shards, 0));
+  return layout;
 }
 
 SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples) {
@@ -261,7 +267,7 @@ struct MlpStash {
   size_t bytes, kept_bytes;
   MlpStash(StashParts p, const Shape& s) {
     StashCarver c(p);
-    rstd = c.keep<float>(s.n);              // (n)
+    rstd = c.keep_exact(s.n);               // (n)
     g = c.keep<float>(int64_t(s.n) * s.F);  // gate projection (n,F)
     u = c.keep<float>(int64_t(s.n) * s.F);  // up projection (n,F)
     c.tail(h, int64_t(s.n) * s.C);          // normed input (n,C)
@@ -283,6 +289,12 @@ struct MlpWStash {
     floats = c.bytes() / sizeof(float);
   }
 };
+
+StashLayout mlp_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
+  StashLayout layout;
+  MlpStash(StashParts::recording(&layout), Shape(d, samples, seg.shards, 0));
+  return layout;
+}
 
 SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
   Shape s(d, samples, seg.shards, 0);
@@ -464,7 +476,7 @@ const SegmentType& attention_type() {
   static const SegmentType t{.name = "qwen3.attention", .sizes = attention_sizes, .forward = attention_forward,
                              .backward_input = attention_backward_input,
                              .backward_weight = attention_backward_weight, .rerun_tail = attention_rerun_tail,
-                             .scratch_floats = attention_scratch_floats,
+                             .stash_layout = attention_stash_layout, .scratch_floats = attention_scratch_floats,
                              .scratch_estimate = attention_scratch_estimate, .tp_split = attention_tp_split,
                              .tp_refusal = attention_tp_refusal};
   return t;
@@ -473,8 +485,8 @@ const SegmentType& attention_type() {
 const SegmentType& mlp_type() {
   static const SegmentType t{.name = "qwen3.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
                              .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight,
-                             .rerun_tail = mlp_rerun_tail, .tp_split = mlp_tp_split,
-                             .tp_refusal = mlp_tp_refusal};
+                             .rerun_tail = mlp_rerun_tail, .stash_layout = mlp_stash_layout,
+                             .tp_split = mlp_tp_split, .tp_refusal = mlp_tp_refusal};
   return t;
 }
 

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""bf16 mixed precision side by side in one run: piper fp32, piper bf16 (job.precision = "bf16") and the current
+PyTorch on CPU with autocast bf16 (eager and torch.compile), on the quickstart GPT-2 (configs/quickstart.toml) and
+the small Qwen3 (configs/qwen3-small.toml), at the same thread count, interleaved in rounds; then (--curves) each
+model trained for 300 steps on 3 seeds in fp32 and bf16 by piper and in autocast bf16 by PyTorch: final losses,
+their spread, and a plot of the curves.
+
+    bench/bf16.py BUILD_DIR [--rounds R] [--steps N] [--skip K] [--threads T] [--curves] [--curve-steps S]
+                  [--seeds "1 2 3"] [--plot PNG]
+
+TORCH_PYTHON: an interpreter with a current torch (default: the venv bench/quickstart.sh makes,
+~/.cache/piper-bench/torch-venv, made here the same way when missing). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+are left as they are.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+from bench_common import ROOT, piper_path
+
+JOBS = (("gpt", "configs/quickstart.toml"), ("qwen3", "configs/qwen3-small.toml"))
+
+
+def torch_python():
+    """A python with a current torch: TORCH_PYTHON, or the benchmarks' venv (made on first use)."""
+    py = os.environ.get("TORCH_PYTHON")
+    if py:
+        return py
+    venv = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "piper-bench", "torch-venv")
+    py = os.path.join(venv, "bin", "python")
+    ready = os.path.exists(py) and subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0
+    if not ready:
+        print(f"+ python3 -m venv {venv} && pip install torch numpy (the current PyTorch from PyPI)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "torch", "numpy"], check=True)
+    return py
+
+
+def run(cmd, log):
+    print("+ " + " ".join(cmd) + f"   > {os.path.relpath(log, ROOT)}", flush=True)
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if p.returncode != 0:
+        sys.exit(f"bf16.py: command failed ({p.returncode}); see {log}")
+    return open(log).read()
+
+
+def piper_run(piper, config, precision, threads, steps, out, tag, seed=None):
+    metrics = os.path.join(out, f"{tag}.jsonl")
+    cmd = [piper, "--config", config, "--steps", str(steps), "--metrics", metrics, "--set", 'checkpoint.dir=""',
+           "--set", f"job.threads={threads}", "--set", f'job.precision="{precision}"']
+    if seed is not None:
+        cmd += ["--set", f"job.seed={seed}"]
+    text = run(cmd, os.path.join(out, f"{tag}.log"))
+    rows = [json.loads(line) for line in open(metrics) if line.strip()]
+    path = re.search(r"matmuls through (.*?);", text)
+    return rows, path.group(1) if path else "fp32 sgemm"
+
+
+def torch_run(py, model, autocast, compile_, threads, steps, skip, out, tag, seed=1234):
+    losses = os.path.join(out, f"{tag}.losses")
+    cmd = [py, "bench/torch_gpt.py", "--model", model, "--threads", str(threads), "--steps", str(steps),
+           "--warmup", str(skip), "--sdpa", "--adamw", "auto", "--autocast", autocast, "--seed", str(seed),
+           "--losses", losses]
+    if compile_:
+        cmd.append("--compile")
+    text = run(cmd, os.path.join(out, f"{tag}.log"))
+    m = re.search(r"RESULT .*tokens_per_s=([0-9.]+)", text)
+    return float(m.group(1)), [float(x) for x in open(losses)]
+
+
+def cpu_line():
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    bf16 = [f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile")]
+    return f"{model}, {os.cpu_count()} cores, bf16 instructions: {' '.join(bf16) or 'none'}"
+
+
+def throughput(a, piper, py, out):
+    rows = {}
+    paths = set()
+    for r in range(1, a.rounds + 1):
+        for model, config in JOBS:
+            for precision in ("fp32", "bf16"):
+                res, path = piper_run(piper, config, precision, a.threads, a.steps, out, f"{model}-{precision}-r{r}")
+                paths.add(path)
+                tps = statistics.median(x["tokens_per_s"] for x in res if x["step"] > a.skip)
+                rows.setdefault((model, f"piper {precision}"), []).append(tps)
+            for mode, compile_ in (("eager", False), ("compile", True)):
+                tps, _ = torch_run(py, model, "bf16", compile_, a.threads, a.steps, a.skip, out,
+                                   f"{model}-torch-{mode}-r{r}")
+                rows.setdefault((model, f"torch {mode} autocast bf16"), []).append(tps)
+            print(f"  round {r}: {model} " + ", ".join(f"{k[1]} {v[-1]:.0f}" for k, v in rows.items() if k[0] == model),
+                  flush=True)
+    print()
+    print(f"bf16 throughput, {a.threads} thread(s), median over {a.rounds} rounds of each run's median step "
+          f"(steps {a.skip + 1}-{a.steps}); {cpu_line()}; piper's bf16 matmuls: {', '.join(sorted(paths - {'fp32 sgemm'}))}")
+    print("| model | run | tok/s | / piper fp32 | / piper bf16 |")
+    print("|---|---|---|---|---|")
+    for model, _ in JOBS:
+        base = statistics.median(rows[(model, "piper fp32")])
+        b16 = statistics.median(rows[(model, "piper bf16")])
+        for (m, name), v in rows.items():
+            if m == model:
+                t = statistics.median(v)
+                print(f"| {model} | {name} | {t:.0f} | {t / base:.2f} | {t / b16:.2f} |")
+
+
+def curves(a, piper, py, out):
+    seeds = [int(s) for s in a.seeds.split()]
+    finals, series = {}, {}
+    tail = 20  # PyTorch samples other batches: its curve is compared by the mean of the last steps
+    for model, config in JOBS:
+        for seed in seeds:
+            for precision in ("fp32", "bf16"):
+                res, _ = piper_run(piper, config, precision, a.threads, a.curve_steps, out,
+                                   f"curve-{model}-{precision}-s{seed}", seed=seed)
+                losses = [x["loss"] for x in res]
+                series[(model, f"piper {precision}", seed)] = losses
+            _, losses = torch_run(py, model, "bf16", False, a.threads, a.curve_steps, 1, out,
+                                  f"curve-{model}-torch-s{seed}", seed=seed)
+            series[(model, "torch autocast bf16", seed)] = losses
+    print()
+    print(f"bf16 against fp32 over {a.curve_steps} steps, seeds {seeds} (the same data for piper's fp32 and bf16 runs "
+          f"of a seed; PyTorch samples its own windows of the same file, so it is compared by the mean of its last "
+          f"{tail} steps); {cpu_line()}")
+    print("| model | run | final loss per seed | mean ± spread | mean of last 20 | vs piper fp32 |")
+    print("|---|---|---|---|---|---|")
+    for model, _ in JOBS:
+        ref = {s: series[(model, "piper fp32", s)] for s in seeds}
+        ref_tail = statistics.mean(statistics.mean(ref[s][-tail:]) for s in seeds)
+        for name in ("piper fp32", "piper bf16", "torch autocast bf16"):
+            fin = [series[(model, name, s)][-1] for s in seeds]
+            tl = statistics.mean(statistics.mean(series[(model, name, s)][-tail:]) for s in seeds)
+            if name == "piper bf16":
+                vs = " ".join(f"{(series[(model, name, s)][-1] - ref[s][-1]) / ref[s][-1]:+.2%}" for s in seeds)
+            else:
+                vs = f"{(tl - ref_tail) / ref_tail:+.2%} (last {tail})"
+            spread = statistics.pstdev(fin)
+            print(f"| {model} | {name} | {' '.join(f'{x:.4f}' for x in fin)} | {statistics.mean(fin):.4f} ± {spread:.4f} "
+                  f"| {tl:.4f} | {vs} |")
+    with open(os.path.join(out, "curves.json"), "w") as f:
+        json.dump({f"{m}|{n}|{s}": v for (m, n, s), v in series.items()}, f)
+    if a.plot:
+        plot(series, seeds, a.plot)
+
+
+def plot(series, seeds, path):
+    try:
+        import matplotlib
+    except ImportError:
+        subprocess.run(["apt-get", "install", "-y", "-q", "python3-matplotlib"], check=False,
+                       stdout=subprocess.DEVNULL)
+        sys.path.append("/usr/lib/python3/dist-packages")
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(JOBS), figsize=(12, 4.2))
+    colors = {"piper fp32": "tab:blue", "piper bf16": "tab:orange", "torch autocast bf16": "tab:green"}
+    for ax, (model, _) in zip(axes, JOBS):
+        for name, color in colors.items():
+            for i, s in enumerate(seeds):
+                y = series[(model, name, s)]
+                k = 10  # a running mean of 10 steps
+                smooth = [statistics.mean(y[max(0, j - k + 1):j + 1]) for j in range(len(y))]
+                ax.plot(range(1, len(y) + 1), smooth, color=color, alpha=0.8, lw=1, label=name if i == 0 else None)
+        ax.set_title(f"{model}: loss (running mean of 10 steps), seeds {', '.join(map(str, seeds))}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"plot: {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--skip", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--curves", action="store_true", help="also the 300-step curves on 3 seeds (about 20 minutes)")
+    ap.add_argument("--curve-steps", type=int, default=300)
+    ap.add_argument("--seeds", default="1 2 3")
+    ap.add_argument("--plot", default="", help="PNG of the curves")
+    a = ap.parse_args()
+    piper = piper_path(a.build)
+    out = os.path.join(os.path.abspath(a.build), "bench-results", "bf16")
+    os.makedirs(out, exist_ok=True)
+    env = {v: os.environ.get(v, "<unset>") for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    print(f"environment (left as it is): {env}; load average {open('/proc/loadavg').read().split()[:3]}")
+    py = torch_python()
+    if not a.no_throughput:
+        throughput(a, piper, py, out)
+    if a.curves:
+        curves(a, piper, py, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+// bf16 matmuls on the CPU (see bf16_gemm.hpp): the path chosen once per process, the operands converted into
+// per-thread scratch that grows once and is reused, then one library call.
+#include "backend/cpu/bf16_gemm.hpp"
+
+#include <dlfcn.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.hpp"
+#include "backend/cpu/cpu_parallel.hpp"
+#include "util/error.hpp"
+#include "util/precision.hpp"
+
+namespace piper {
+
+namespace {
+
+// oneDNN's row-major C = alpha · op(A) · op(B) + beta · C with bf16 A and B, fp32 C (dnnl_gemm_bf16bf16f32).
+using OneDnnBf16Gemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
+                               const uint16_t*, int64_t, float, float*, int64_t);
+
+// The processor's bf16 matmul instructions among /proc/cpuinfo's flags, space-separated ("" when none).
+std::string cpu_bf16_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::string out;
+    for (std::string w; words >> w;)
+      if (w == "avx512_bf16" || w == "amx_bf16") out += (out.empty() ? "" : " ") + w;
+    return out;
+  }
+  return "";
+}
+
+struct Bf16Choice {
+  Bf16GemmPath path = Bf16GemmPath::Rounded;
+  OneDnnBf16Gemm onednn = nullptr;
+  std::string description;
+};
+
+const Bf16Choice& choice() {
+  static const Bf16Choice c = [] {
+    Bf16Choice r;
+    if (void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL))
+      r.onednn = reinterpret_cast<OneDnnBf16Gemm>(dlsym(h, "dnnl_gemm_bf16bf16f32"));
+    const std::string flags = cpu_bf16_flags();
+    const char* env = std::getenv("PIPER_BF16_GEMM");
+    const std::string asked = env ? env : "";
+    if (!asked.empty() && asked != "onednn" && asked != "rounded")
+      throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\": expected \"onednn\" or \"rounded\" (or unset: by the "
+                          "processor)"));
+    if (asked == "onednn" && !r.onednn)
+      throw UserError("PIPER_BF16_GEMM = \"onednn\" but libdnnl.so.2 (Debian's libdnnl2) does not load here");
+    const bool use = asked == "onednn" || (asked.empty() && r.onednn && !flags.empty());
+    r.path = use ? Bf16GemmPath::OneDnn : Bf16GemmPath::Rounded;
+    const std::string cpu = flags.empty() ? "no bf16 instructions" : flags;
+    if (use)
+      r.description = cat("oneDNN bf16 gemm (processor: ", cpu, ")");
+    else
+      r.description = cat("OpenBLAS sgemm of bf16-rounded operands (processor: ", cpu,
+                          r.onednn ? "" : "; oneDNN not found", asked.empty() ? "" : "; PIPER_BF16_GEMM", ")");
+    return r;
+  }();
+  return c;
+}
+
+// dst(rows, cols) packed = src(rows, cols) with leading dimension ld, each element through `convert`.
+template <typename T, typename Convert>
+const T* packed_copy(std::vector<T>& dst, const float* src, int rows, int cols, int ld, int threads,
+                     Convert convert) {
+  const size_t n = size_t(rows) * size_t(cols);
+  if (dst.size() < n) dst.resize(n);
+  T* out = dst.data();
+  cpu::for_range(n, threads, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e;) {  // row by row within [b, e)
+      const size_t r = i / size_t(cols), c0 = i % size_t(cols);
+      const size_t c1 = std::min(size_t(cols), c0 + (e - i));
+      const float* __restrict s = src + r * size_t(ld);
+      T* __restrict d = out + r * size_t(cols);
+      for (size_t c = c0; c < c1; ++c) d[c] = convert(s[c]);
+      i += c1 - c0;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+Bf16GemmPath bf16_gemm_path() { return choice().path; }
+
+std::string bf16_gemm_description() { return choice().description; }
+
+bool bf16_onednn_loaded() { return choice().onednn != nullptr; }
+
+void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                        int ldb, float beta, float* C, int ldc, int threads) {
+  bf16_gemm_parallel(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, choice().path);
+}
+
+void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                        int ldb, float beta, float* C, int ldc, int threads, Bf16GemmPath path) {
+  if (M <= 0 || N <= 0) return;
+  // op(A) is M×K: stored (M,K) with lda, or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const Bf16Choice& c = choice();
+  if (path == Bf16GemmPath::OneDnn) {
+    if (!c.onednn) throw SystemError("bf16 gemm: oneDNN asked for but libdnnl.so.2 did not load");
+    static thread_local std::vector<uint16_t> a16, b16;  // grown once, reused by every later call
+    const auto bits = [](float x) { return bf16_bits(x); };
+    const uint16_t* a = packed_copy(a16, A, a_rows, a_cols, lda, threads, bits);
+    const uint16_t* b = packed_copy(b16, B, b_rows, b_cols, ldb, threads, bits);
+    omp_set_num_threads(threads);  // oneDNN's OpenMP regions on this thread use the rank's threads
+    const int status = c.onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.f, a, a_cols, b, b_cols, beta,
+                                C, ldc);
+    if (status != 0) throw SystemError(cat("oneDNN bf16 gemm (", M, "x", N, "x", K, ") failed with status ", status));
+    return;
+  }
+  static thread_local std::vector<float> a32, b32;
+  const auto rounded = [](float x) { return round_bf16(x); };
+  const float* a = packed_copy(a32, A, a_rows, a_cols, lda, threads, rounded);
+  const float* b = packed_copy(b32, B, b_rows, b_cols, ldb, threads, rounded);
+  sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, a_cols, b, b_cols, beta, C, ldc, threads);
+}
+
+}  // namespace piper

@@ -1,0 +1,76 @@
+// bf16 rounding (util/precision.hpp) and the CPU's bf16 matmul paths: oneDNN's bf16 gemm and sgemm of rounded
+// operands compute the same sums of exact products, on every transpose, with a prior (beta) and without.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/bf16_gemm.hpp"
+#include "util/precision.hpp"
+
+using namespace piper;
+
+namespace {
+
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 rounding: nearest, ties to even, exact values kept, inf and NaN", "[bf16]") {
+  CHECK(round_bf16(1.f) == 1.f);
+  CHECK(round_bf16(-0.f) == 0.f);
+  CHECK(std::signbit(round_bf16(-0.f)));
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1)
+  CHECK(round_bf16(1.f + std::ldexp(1.f, -8)) == 1.f);
+  // 1 + 3·2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: to the even one, 1 + 2^-6
+  CHECK(round_bf16(1.f + 3 * std::ldexp(1.f, -8)) == 1.f + std::ldexp(1.f, -6));
+  // just above a tie rounds up
+  CHECK(round_bf16(from_bits(0x3f808001u)) == from_bits(0x3f810000u));
+  CHECK(round_bf16(from_bits(0x3f807fffu)) == 1.f);
+  CHECK(std::isinf(round_bf16(std::numeric_limits<float>::infinity())));
+  CHECK(std::isinf(round_bf16(3.4e38f)));  // past bf16's largest finite value: rounds to inf, as RNE does
+  CHECK(std::isnan(round_bf16(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::isnan(round_bf16(from_bits(0x7f800001u))));  // a NaN whose payload would round to inf stays NaN
+  CHECK(bf16_bits(1.f) == 0x3f80);
+  CHECK(bf16_value(0x3f80) == 1.f);
+  // the error of a rounding is at most half a unit in the last of its 8 significant bits: 2^-8 of the value
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-100.f, 100.f);
+  for (int i = 0; i < 10000; ++i) {
+    const float x = u(gen);
+    CHECK(std::abs(round_bf16(x) - x) <= std::ldexp(std::abs(x), -8));
+  }
+}
+
+TEST_CASE("bf16 gemm: oneDNN and sgemm of rounded operands agree on every transpose", "[bf16]") {
+  if (!bf16_onednn_loaded()) {
+    WARN("libdnnl.so.2 does not load here: only the rounded path is checked (by the kernel cases)");
+    return;
+  }
+  const int M = 70, N = 45, K = 131;
+  std::mt19937 gen(9);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> A(size_t(M) * K), B(size_t(K) * N), prior(size_t(M) * N);
+  for (float& x : A) x = u(gen);
+  for (float& x : B) x = u(gen);
+  for (float& x : prior) x = u(gen);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.f, 1.f}) {
+        const int lda = ta ? M : K, ldb = tb ? K : N;
+        std::vector<float> c1 = prior, c2 = prior;
+        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, c1.data(), N, 1, Bf16GemmPath::OneDnn);
+        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, c2.data(), N, 2,
+                           Bf16GemmPath::Rounded);
+        double worst = 0;
+        for (size_t i = 0; i < c1.size(); ++i) worst = std::max(worst, double(std::abs(c1[i] - c2[i])));
+        INFO("ta " << ta << " tb " << tb << " beta " << beta << ": largest difference " << worst);
+        CHECK(worst < 1e-4);  // sums of 131 products of size < 1 in fp32, in two orders
+      }
+}
