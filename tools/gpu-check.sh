@@ -10,12 +10,13 @@
 #   With the device runner, which returns what is written under $OUT: OUT=$OUT tools/gpu-check.sh
 # env: OUT (output folder, default ./gpu-check-out), STEPS (50), TOL (relative loss tolerance, 1e-3), ENVELOPE
 #   (4: a step's tolerance, once the reference's perturbed CPU twin drifts past TOL, is 4x its drift so far),
-#   PEAK_TFLOPS (fp32 peak without tensor cores; 67 for H100/H200 SXM), TOTAL_S (overall deadline, 450; 570
+#   PEAK_TFLOPS (fp32 peak without tensor cores; 67 for H100/H200 SXM), BF16_PEAK_TFLOPS (dense bf16 on tensor
+#   cores; 989 for H100/H200 SXM), TOTAL_S (overall deadline, 450; 570
 #   with SANITIZE=1), MIN_STEP_S (a step starts only with this much time left, 10), PREFLIGHT_TIMEOUT_S (15),
 #   TESTS_TIMEOUT_S (kernel tests, 100), STEP_TIMEOUT_S (default of the four next), TRAIN_TIMEOUT_S (each
 #   training run, 60), MPI_TIMEOUT_S (two ranks, 60), THROUGHPUT_TIMEOUT_S (90), SANITIZE_TIMEOUT_S (150),
 #   SANITIZE (1: run compute-sanitizer memcheck and racecheck last), CONFIGS (trained configs, names under
-#   configs/), REFERENCE (folder of <config>.jsonl), BUILD (build-gpu), CUDA_ARCH (90), BUILD_TIMEOUT_S (1200)
+#   configs/; NAME-bf16 trains configs/NAME.toml with job.precision = "bf16"), REFERENCE (folder of <config>.jsonl), BUILD (build-gpu), CUDA_ARCH (90), BUILD_TIMEOUT_S (1200)
 # Exit: 0 every step passed; 1 a step failed, timed out or was skipped; 2 the preflight failed.
 set -uo pipefail
 START=$SECONDS
@@ -43,6 +44,7 @@ cd "$HERE" || exit 2
 
 TOL=${TOL:-1e-3}
 PEAK_TFLOPS=${PEAK_TFLOPS:-67}
+BF16_PEAK_TFLOPS=${BF16_PEAK_TFLOPS:-989}
 SANITIZE=${SANITIZE:-0}
 TOTAL_S=${TOTAL_S:-$([ "$SANITIZE" = 1 ] && echo 570 || echo 450)}
 MIN_STEP_S=${MIN_STEP_S:-10}
@@ -52,7 +54,7 @@ TRAIN_TIMEOUT_S=${TRAIN_TIMEOUT_S:-${STEP_TIMEOUT_S:-60}}
 MPI_TIMEOUT_S=${MPI_TIMEOUT_S:-${STEP_TIMEOUT_S:-60}}
 THROUGHPUT_TIMEOUT_S=${THROUGHPUT_TIMEOUT_S:-${STEP_TIMEOUT_S:-90}}
 SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-${STEP_TIMEOUT_S:-150}}
-CONFIGS=${CONFIGS:-quickstart qwen3-small qwen3-moe-small}
+CONFIGS=${CONFIGS:-quickstart qwen3-small qwen3-moe-small quickstart-bf16 qwen3-small-bf16}
 SUMMARY=$OUT/summary.txt
 export NCCL_DEBUG=WARN
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -106,7 +108,8 @@ train() {
     launch=(mpirun -np "$ranks" --bind-to none --mca btl self,vader --mca btl_vader_single_copy_mechanism none
       -x NCCL_DEBUG "$PIPER")
   fi
-  run_step "$name" "$limit" "$OUT/$name.log" "${launch[@]}" --config "configs/$config.toml" \
+  config_args "$config"
+  run_step "$name" "$limit" "$OUT/$name.log" "${launch[@]}" --config "$CONFIG_FILE" "${CONFIG_EXTRA[@]}" \
     --steps "${TRAIN_STEPS:-$STEPS}" --metrics "$metrics" --set "job.backend=\"$backend\"" \
     --set 'checkpoint.dir=""' "$@"
 }
@@ -149,21 +152,33 @@ EOF
 
 lines() { local n; n=$(grep -c . "$1" 2>/dev/null); echo "${n:-0}"; }
 
+# config_args NAME: CONFIG_FILE, the job file of a trained config name, and CONFIG_EXTRA, its options: NAME-bf16
+# (where no configs/NAME-bf16.toml exists) is configs/NAME.toml in bf16.
+config_args() {
+  CONFIG_FILE=configs/$1.toml
+  CONFIG_EXTRA=()
+  if [[ $1 == *-bf16 ]] && [ ! -f "$CONFIG_FILE" ]; then
+    CONFIG_FILE=configs/${1%-bf16}.toml
+    CONFIG_EXTRA=(--set 'job.precision="bf16"')
+  fi
+}
+
 # make_reference CONFIG DIR: CPU losses of CONFIG for STEPS steps into DIR/CONFIG.jsonl (log beside it), and
 # its perturbed twin (learning rate times 1 + 1e-7) into DIR/CONFIG.perturbed.jsonl, which compare reads.
 make_reference() {
   local config=$1 dir=$2
   local limit=${REF_TIMEOUT_S:-${STEP_TIMEOUT_S:-300}}
-  local cpu=(--steps "$STEPS" --set 'job.backend="cpu"' --set 'checkpoint.dir=""')
-  run_step "reference $config (cpu)" "$limit" "$dir/$config.log" "$PIPER" --config "configs/$config.toml" \
+  config_args "$config"
+  local cpu=(--steps "$STEPS" --set 'job.backend="cpu"' --set 'checkpoint.dir=""' "${CONFIG_EXTRA[@]}")
+  run_step "reference $config (cpu)" "$limit" "$dir/$config.log" "$PIPER" --config "$CONFIG_FILE" \
     "${cpu[@]}" --metrics "$dir/$config.jsonl"
   [ "$STATE" = ok ] && [ "$(lines "$dir/$config.jsonl")" -ge "$STEPS" ] || return 1
   local lr
   lr=$(python3 -c 'import sys, tomllib; print(repr(tomllib.load(open(sys.argv[1], "rb"))["optimizer"]["lr"] * (1 + 1e-7)))' \
-    "configs/$config.toml" 2> "$dir/$config.perturbed.log") ||
+    "$CONFIG_FILE" 2> "$dir/$config.perturbed.log") ||
     { say "reference $config: no perturbed twin (optimizer.lr not read; $config.perturbed.log)"; return 0; }
   run_step "reference $config perturbed (cpu, lr $lr)" "$limit" "$dir/$config.perturbed.log" "$PIPER" \
-    --config "configs/$config.toml" "${cpu[@]}" --metrics "$dir/$config.perturbed.jsonl" --set "optimizer.lr=$lr"
+    --config "$CONFIG_FILE" "${cpu[@]}" --metrics "$dir/$config.perturbed.jsonl" --set "optimizer.lr=$lr"
   [ "$STATE" = ok ] || rm -f "$dir/$config.perturbed.jsonl"  # compare then holds every step to TOL
   return 0
 }
@@ -175,7 +190,8 @@ if [ -n "$MAKE_REFERENCES" ]; then  # bundle time: the CPU runs, so that the GPU
   PIPER=${PIPER:-$HERE/build/piper}
   say "CPU reference losses: $STEPS steps, backend cpu, checkpoints off; $("$PIPER" --version 2>&1 | head -n 1)"
   for config in $CONFIGS; do
-    [ -f "configs/$config.toml" ] || { say "reference $config: no configs/$config.toml"; continue; }
+    config_args "$config"
+    [ -f "$CONFIG_FILE" ] || { say "reference $config: no $CONFIG_FILE"; continue; }
     if make_reference "$config" "$MAKE_REFERENCES"; then
       say "reference $config: $(lines "$MAKE_REFERENCES/$config.jsonl") steps, perturbed twin $(lines "$MAKE_REFERENCES/$config.perturbed.jsonl")"
     else
@@ -253,7 +269,8 @@ for tool in python3 mpirun; do
   command -v "$tool" >/dev/null 2>&1 || missing "$tool: not on PATH"
 done
 for f in $CONFIGS gpt2-124m; do
-  [ -s "configs/$f.toml" ] || missing "configs/$f.toml: no such file"
+  config_args "$f"
+  [ -s "$CONFIG_FILE" ] || missing "$CONFIG_FILE: no such file"
 done
 [ -s data/fortunes.txt ] || missing "data/fortunes.txt: no such file (tools/prepare-data.sh makes it)"
 # Every CUDA library the kernel tests and the backend link must resolve (env.sh adds the CUDA lib folders).
@@ -381,11 +398,16 @@ case $STATE in
     failed=$((failed + 1)) ;;
 esac
 
-# --- GPT-2 124M-shaped throughput and MFU ------------------------------------------------------------------
-TRAIN_STEPS=30 train throughput-gpt2-124m gpt2-124m cuda 1 "$THROUGHPUT_TIMEOUT_S" "$OUT/throughput-gpt2-124m.jsonl"
-case $STATE in
-  ok)
-    if ! python3 - "$OUT/throughput-gpt2-124m.jsonl" "$PEAK_TFLOPS" <<'PY' | tee -a "$SUMMARY"; then
+# --- GPT-2 124M-shaped throughput and MFU, fp32 and bf16 -------------------------------------------------------
+# throughput PRECISION PEAK_TFLOPS: 30 steps of configs/gpt2-124m.toml on CUDA in that precision, tokens/s and MFU
+throughput() {
+  local precision=$1 peak=$2 name=throughput-gpt2-124m
+  [ "$precision" = fp32 ] || name=$name-$precision
+  TRAIN_STEPS=30 train "$name" gpt2-124m cuda 1 "$THROUGHPUT_TIMEOUT_S" "$OUT/$name.jsonl" \
+    --set "job.precision=\"$precision\""
+  case $STATE in
+    ok)
+      if ! python3 - "$OUT/$name.jsonl" "$peak" "$precision" <<'PY' | tee -a "$SUMMARY"; then
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first = 10 if len(rows) > 10 else len(rows) // 2  # the first steps warm up
@@ -393,17 +415,21 @@ rows = rows[first:]
 tps = statistics.median(r["tokens_per_s"] for r in rows)
 fps = statistics.median(r["flops_per_s"] for r in rows)
 peak = float(sys.argv[2]) * 1e12
-print(f"GPT-2 124M shape (12 x 768, T 1024, batch 8, fp32 without TF32): {tps:.0f} tokens/s, model {fps / 1e12:.2f} TFLOP/s, "
-      f"MFU {fps / peak:.3f} = model FLOP/s / ({sys.argv[2]} TFLOP/s fp32 peak); model FLOP/s = 3 x forward "
+what = "fp32 without TF32" if sys.argv[3] == "fp32" else "bf16 matmuls on tensor cores"
+print(f"GPT-2 124M shape (12 x 768, T 1024, batch 8, {what}): {tps:.0f} tokens/s, model {fps / 1e12:.2f} TFLOP/s, "
+      f"MFU {fps / peak:.3f} = model FLOP/s / ({sys.argv[2]} TFLOP/s {sys.argv[3]} peak); model FLOP/s = 3 x forward "
       f"(matmul + causal attention) FLOPs per token x tokens/s; median of steps {first + 1}-{first + len(rows)}")
 PY
-      say "throughput: no metrics to read (throughput-gpt2-124m.jsonl)"
-      failed=$((failed + 1))
-    fi ;;
-  failed)
-    say "throughput gpt2-124m: FAILED (exit $RC) — $(tail -n 1 "$OUT/throughput-gpt2-124m.log")"
-    failed=$((failed + 1)) ;;
-esac
+        say "throughput: no metrics to read ($name.jsonl)"
+        failed=$((failed + 1))
+      fi ;;
+    failed)
+      say "throughput gpt2-124m $precision: FAILED (exit $RC) — $(tail -n 1 "$OUT/$name.log")"
+      failed=$((failed + 1)) ;;
+  esac
+}
+throughput fp32 "$PEAK_TFLOPS"
+throughput bf16 "$BF16_PEAK_TFLOPS"
 
 # --- compute-sanitizer, opt-in (SANITIZE=1): last, so that it cannot take the other steps' time ---------------
 if [ "$SANITIZE" = 1 ]; then

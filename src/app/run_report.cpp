@@ -81,6 +81,8 @@ std::vector<std::string> gather_json(const std::string& json, MPI_Comm world) {
 void write_run_report(const std::string& path, const RunReport& r) {
   JsonWriter w;
   w.begin_object().key("job").value(r.job).key("world").value(r.world).key("backend").value(r.backend);
+  w.key("precision").value(r.precision);
+  if (!r.matmul_path.empty()) w.key("bf16_matmuls").value(r.matmul_path);
   w.key("first_step").value(r.first_step).key("last_step").value(r.last_step);
   w.key("timed_steps").value(r.times.steps).key("ranks").begin_array();
   for (int rank = 0; rank < r.world; ++rank) {

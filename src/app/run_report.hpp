@@ -15,6 +15,7 @@ namespace piper {
 // What rank 0 gathered at the end of the run.
 struct RunReport {
   std::string job, backend;
+  std::string precision = "fp32", matmul_path;  // job.precision; with bf16, how the matmuls ran
   int world = 1;
   int64_t first_step = 0, last_step = 0;  // the run trained steps first_step..last_step (1-based)
   TimeReport times;

@@ -314,6 +314,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
           extra = cat(", \"xent\": ", json_number(m.loss - m.balance_loss), ", \"balance_loss\": ",
                       json_number(m.balance_loss));
         if (!m.finite) extra += ", \"skipped\": true";
+        if (plan.precision != Precision::Fp32) extra += cat(", \"precision\": \"", precision_name(plan.precision), "\"");
         std::string hardware;  // with recompute: the FLOP/s the hardware ran, reruns included, next to the model's
         if (rerun_flops_per_step > 0)
           hardware = cat(", \"hardware_flops_per_s\": ", json_number(hardware_flops_per_step / dt));
@@ -438,6 +439,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   if (report_json && rank == 0) {
     report.job = plan.job_name;
     report.backend = backend->name();
+    report.precision = precision_name(plan.precision);
+    if (plan.precision == Precision::Bf16) report.matmul_path = backend->kernels().bf16_matmul_path();
     report.world = plan.world;
     report.first_step = start + 1;
     report.last_step = end;

@@ -373,17 +373,28 @@ class Lowerer {
   // not recomputed, whose stash no other segment reads.
   bool stash_in_bf16(int seg) const {
     const Segment& s = segs_[size_t(seg)];
-    if (spec_.job.precision != "bf16" || !s.type->stash_layout || recomputed(seg)) return false;
+    if (spec_.job.precision != "bf16" || !s.type->stash_layout || recomputed(seg) || s.type->data != DataSlot::None)
+      return false;
     for (size_t o = 0; o < segs_.size(); ++o)
       if (segs_[o].type->link_offset != 0 && int(o) + segs_[o].type->link_offset == seg) return false;
     return true;
+  }
+  // And its input with it (kStashHoldsInput), where the input is an activation of its own: not gathered from parts,
+  // not exchanged rows.
+  bool input_in_stash(int seg) const {
+    return stash_in_bf16(seg) && segs_[size_t(seg)].type->reads_input && !in_parts(seg) &&
+           !exchanged(TensorRef::Kind::Act, seg);
+  }
+  // The runs such a stash holds: the type's layout, then the input where input_in_stash.
+  StashLayout held_layout(int seg) const {
+    return held_stash_layout(segs_[size_t(seg)], m_.dims, b_, input_in_stash(seg));
   }
   // The stash kept from the forward to the backward: all of it, or under selective recompute its kept part; in
   // bf16 where stash_in_bf16.
   int stash_buf(int seg, int mb) {
     auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
     uint64_t bytes = selective(seg) ? sz.stash_kept_bytes : sz.stash_bytes;
-    if (stash_in_bf16(seg)) bytes = segs_[size_t(seg)].type->stash_layout(segs_[size_t(seg)], m_.dims, b_).packed_bytes();
+    if (stash_in_bf16(seg)) bytes = held_layout(seg).packed_bytes();
     return keyed_buffer('S', seg, mb, bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
   }
   bool recomputed(int seg) const { return g_.segment_recompute[size_t(seg)] != 0; }
@@ -411,7 +422,7 @@ class Lowerer {
   }
 
   void make_workspace() {
-    uint64_t ws = 0, scratch = 0, view = 0;
+    uint64_t ws = 0, scratch = 0;
     bool needs_scratch = false;
     const int threads = std::max(1, spec_.job.threads);
     for (const auto& r : g_.regions) {
@@ -419,7 +430,6 @@ class Lowerer {
       for (int s = r.seg_begin; s < r.seg_end; ++s) {
         const Segment& seg = segs_[size_t(s)];
         ws = std::max<uint64_t>(ws, segment_sizes(seg, m_.dims, b_).workspace_bytes);
-        if (stash_in_bf16(s)) view = std::max<uint64_t>(view, segment_sizes(seg, m_.dims, b_).stash_bytes);
         if (seg.type->scratch_floats) {
           needs_scratch = true;
           if (seg.type->scratch_estimate) scratch = std::max(scratch, seg.type->scratch_estimate(m_.dims, b_, threads));
@@ -429,8 +439,6 @@ class Lowerer {
     p_.workspace_buf = new_buffer(std::max<uint64_t>(ws, 4), BufferKind::Workspace, true, "workspace");
     // The backend sizes the scratch at run time; this is the estimate.
     if (needs_scratch) p_.scratch_buf = new_buffer(std::max<uint64_t>(scratch, 4), BufferKind::Workspace, true, "scratch");
-    // The fp32 stash of the segment running now, where the stashes are held in bf16.
-    if (view > 0) p_.stash_view_buf = new_buffer(view, BufferKind::Activation, true, "stash.view");
   }
 
   // ---------------------------------------------------------------- compute
@@ -616,7 +624,6 @@ class Lowerer {
     in.stash = n.kind == NodeKind::F && full ? forward_only_stash(op.segment, mb) : stash_buf(op.segment, mb);
     if (selective(op.segment))
       in.stash_tail = n.kind == NodeKind::F ? forward_only_stash(op.segment, mb) : stash_tail_buf(op.segment, mb);
-    in.stash_bf16 = stash_in_bf16(op.segment) ? 1 : 0;
     if (seg.type->link_offset != 0) {
       const int partner = op.segment + seg.type->link_offset;
       PIPER_CHECK(partner >= 0 && size_t(partner) < segs_.size(), "segment ", seg.name, " links outside the model");
@@ -627,6 +634,17 @@ class Lowerer {
     }
     if (input) in.in = exchanged(TensorRef::Kind::Act, op.segment) ? exchanged_buf('X', op.segment, mb) : act_buf(op.segment, mb);
     if (input && in_parts(op.segment)) in.in = whole_buf(n.kind == NodeKind::F ? 'G' : 'H', op.segment, mb);
+    if (stash_in_bf16(op.segment)) {  // the stash (and input) in bf16, used in fp32 in a view of this pass only
+      const bool holds_input = input_in_stash(op.segment);
+      in.stash_bf16 = kStashBf16 | (holds_input ? kStashHoldsInput : 0);
+      in.stash_view = keyed_buffer('V', op.segment, mb * 8 + int(n.kind), held_layout(op.segment).fp32_bytes(),
+                                   BufferKind::Activation,
+                                   cat("stash", op.segment, ".mb", mb, ".view.", n.kind == NodeKind::F    ? "F"
+                                                                                : n.kind == NodeKind::B  ? "B"
+                                                                                : n.kind == NodeKind::BI ? "BI"
+                                                                                                         : "BW"));
+      if (holds_input && n.kind != NodeKind::F) in.in = -1;
+    }
     if (n.kind == NodeKind::F && !is_head(seg))
       in.out = in_parts(op.segment + 1) ? whole_buf('P', op.segment + 1, mb) : act_buf(op.segment + 1, mb);
     if (n.kind == NodeKind::R && !is_head(seg) && !selective(op.segment)) in.out = rerun_output(op.segment, mb);

@@ -170,6 +170,13 @@ inline void segment_backward_weight(Kernels& k, const Segment& s, const ModelDim
 inline SegmentSizes segment_sizes(const Segment& s, const ModelDims& d, int samples) {
   return s.type->sizes(s, d, samples);
 }
+// What a stash held in bf16 holds (ComputeArgs::stash_bf16): the type's stash layout, then with `input` the
+// segment's input (SegmentSizes::input_bytes, rounded to bf16 as well).
+inline StashLayout held_stash_layout(const Segment& s, const ModelDims& d, int samples, bool input) {
+  StashLayout layout = s.type->stash_layout(s, d, samples);
+  if (input) layout.add(layout.fp32_bytes(), segment_sizes(s, d, samples).input_bytes, false);
+  return layout;
+}
 inline size_t segment_scratch_floats(const Kernels& k, const Segment& s, const ModelDims& d, int samples) {
   return s.type->scratch_floats ? s.type->scratch_floats(k, d, samples) : 0;
 }

@@ -229,10 +229,6 @@ class PlanCheck {
       index(p_.workspace_buf, p_.buffers.size(), "workspace buffer");
       require(p_.buffers[size_t(p_.workspace_buf)].persistent, "the workspace is not persistent");
     }
-    if (p_.stash_view_buf != -1) {
-      index(p_.stash_view_buf, p_.buffers.size(), "stash view buffer");
-      require(p_.buffers[size_t(p_.stash_view_buf)].persistent, "the stash view is not persistent");
-    }
     if (p_.scratch_buf != -1) {
       index(p_.scratch_buf, p_.buffers.size(), "scratch buffer");
       require(p_.buffers[size_t(p_.scratch_buf)].persistent, "the scratch is not persistent");
@@ -314,7 +310,8 @@ class PlanCheck {
     require(in.samples >= 1 && in.sample_offset >= 0 && int64_t(in.sample_offset) + in.samples <= p_.samples_per_replica,
             "samples ", in.sample_offset, "+", in.samples, " outside the replica's ", p_.samples_per_replica);
     require(std::isfinite(in.loss_scale), "loss scale is not finite");
-    require(in.stash_bf16 <= 1, "stash_bf16 is ", int(in.stash_bf16), ", not 0 or 1");
+    require(in.stash_bf16 == 0 || in.stash_bf16 == kStashBf16 || in.stash_bf16 == (kStashBf16 | kStashHoldsInput),
+            "stash_bf16 is ", int(in.stash_bf16));
     require(in.alike_block >= 1 && in.alike_block <= p_.data_sharing &&
                 p_.data_sharing % in.alike_block == 0,
             "alike in blocks of ", in.alike_block, " replicas, of ", p_.data_sharing, " sharing samples");
@@ -343,17 +340,20 @@ class PlanCheck {
       require(type.rerun_tail && z.stash_kept_bytes > 0, "a split stash for a segment type without one");
       bytes(in.stash, z.stash_kept_bytes, "kept stash");
       bytes(in.stash_tail, z.stash_bytes - z.stash_kept_bytes, "stash tail");
-    } else if (in.stash_bf16) {  // held in bf16, used in fp32 in the view
-      require(p_.precision == Precision::Bf16 && type.stash_layout && op != Op::Recompute && in.link == -1,
-              "a stash held in bf16 outside a bf16 plan, for a type without a layout, or rerun");
-      const StashLayout layout = type.stash_layout(seg, p_.dims, in.samples);
-      require(layout.fp32_bytes() == z.stash_bytes, "a stash layout of ", layout.fp32_bytes(), " bytes for a stash of ",
-              z.stash_bytes);
+    } else if (in.stash_bf16) {  // held in bf16 (with the input), used in fp32 in the view
+      require(p_.precision == Precision::Bf16 && type.stash_layout && op != Op::Recompute && in.link == -1 &&
+                  type.data == DataSlot::None,
+              "a stash held in bf16 outside a bf16 plan, for a type without a layout, with data, or rerun");
+      const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
+      require(!holds_input || type.reads_input, "a stash holding the input of a segment that reads none");
+      const StashLayout layout = held_stash_layout(seg, p_.dims, in.samples, holds_input);
+      const uint64_t input = holds_input ? z.input_bytes : 0;
+      require(layout.fp32_bytes() == z.stash_bytes + input, "a stash layout of ", layout.fp32_bytes(),
+              " bytes for a stash of ", z.stash_bytes, " and an input of ", input);
       bytes(in.stash, layout.packed_bytes(), "bf16 stash");
-      index(p_.stash_view_buf, p_.buffers.size(), "stash view buffer");
-      require(p_.buffers[size_t(p_.stash_view_buf)].persistent, "the stash view is not persistent");
-      bytes(p_.stash_view_buf, z.stash_bytes, "stash view");
+      bytes(in.stash_view, layout.fp32_bytes(), "stash view");
     } else {
+      require(in.stash_view == -1, "a stash view for a stash held in fp32");
       bytes(in.stash, z.stash_bytes, "stash");
     }
     if (fwd && type.data != DataSlot::None) {
@@ -363,7 +363,10 @@ class PlanCheck {
                                                               : n * uint64_t(p_.dims.seq_len) * 4;
       bytes(in.stash, data, "data stash");
     }
-    if (type.reads_input) bytes(in.in, z.input_bytes, "input");
+    if (type.reads_input && !fwd && (in.stash_bf16 & kStashHoldsInput))  // read from the stash's view
+      require(in.in == -1, "a backward given an input its stash holds");
+    else if (type.reads_input)
+      bytes(in.in, z.input_bytes, "input");
     if (type.reads_input && z.ragged_parts > 0) {  // SegmentIO::counts: read from the host, never from the device
       auto known = counts_on_host_.find(in.in);
       require(known != counts_on_host_.end() && known->second >= z.ragged_parts,

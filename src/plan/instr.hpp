@@ -25,6 +25,10 @@ constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
 constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
 constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
 
+// ComputeArgs::stash_bf16 bits
+constexpr uint8_t kStashBf16 = 1;
+constexpr uint8_t kStashHoldsInput = 2;
+
 // Forward, Backward, BackwardInput, BackwardWeight, Recompute: one segment's pass over one microbatch.
 struct ComputeArgs {
   int32_t segment = -1;
@@ -41,15 +45,19 @@ struct ComputeArgs {
   // computes the weight gradients and adds to the loss and statistics, the others write zero gradients (or add
   // nothing) and add where nothing reads
   int32_t alike_block = 1;
-  // 1: the stash buffer holds the stash in bf16 (SegmentType::stash_layout's runs, packed): the forward writes it
-  // in fp32 into Plan::stash_view_buf and stores it so; a backward reads it back there first
+  // Stashes held in bf16 (a bf16 run's segments with a SegmentType::stash_layout). kStashBf16: `stash` holds the
+  // layout's runs packed (model/segment_type.hpp); the forward writes the stash in fp32 into `stash_view` and stores
+  // it so, and a backward reads it back there first. kStashHoldsInput: the stash also holds the segment's input,
+  // after the layout's runs, which a backward then reads from the view (`in` unset): the input's own buffer ends
+  // with the forward.
   uint8_t stash_bf16 = 0;
+  int32_t stash_view = -1;
 
   template <typename Fn>  // fn(Operand role, buffer id) for every buffer named (ids may be -1)
   void operands(Fn&& fn) const {
     for (auto [role, b] : {std::pair{kOperandIn, in}, {kOperandOut, out}, {kOperandStash, stash},
                            {kOperandStash, stash_tail}, {kOperandWStash, wstash}, {kOperandDout, dout},
-                           {kOperandDin, din}, {kOperandLink, link}})
+                           {kOperandDin, din}, {kOperandLink, link}, {kOperandStashView, stash_view}})
       fn(role, b);
     for (int32_t b : pbuf) fn(kOperandParams, b);
     for (int32_t b : gbuf) fn(kOperandGrads, b);

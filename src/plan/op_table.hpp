@@ -47,6 +47,7 @@ enum Operand : uint32_t {
   kOperandM = 1u << 12,       // m
   kOperandV = 1u << 13,       // v
   kOperandSpans = 1u << 14,   // spans[].buf
+  kOperandStashView = 1u << 15,  // stash_view: the fp32 stash of a stash held in bf16, scratch of one pass
 };
 
 // The bytes one rank sends for an instruction of a group of n (instr_send_bytes).
@@ -84,17 +85,20 @@ inline constexpr uint32_t kComputeLink = kOperandLink;  // every compute pass re
 
 inline constexpr OpInfo kOpTable[] = {
     {Op::Forward, "forward", "F", OpKind::Compute, false, kComputeLink | kOperandIn | kOperandParams,
-     kComputeLink | kOperandOut | kOperandStash, SendRule::None, 1.0, "compute", CostRule::Flops},
+     kComputeLink | kOperandOut | kOperandStash | kOperandStashView, SendRule::None, 1.0, "compute", CostRule::Flops},
     // heads turn probabilities into logit gradients in place: the stash is written
     {Op::Backward, "backward", "B", OpKind::Compute, false, kComputeLink | kOperandIn | kOperandDout | kOperandParams,
-     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads, SendRule::None, 2.0, "compute",
+     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads | kOperandStashView, SendRule::None,
+     2.0, "compute",
      CostRule::Flops},
     {Op::BackwardInput, "backward_input", "BI", OpKind::Compute, false,
      kComputeLink | kOperandIn | kOperandDout | kOperandParams,
-     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads, SendRule::None, 1.0, "compute",
+     kComputeLink | kOperandStash | kOperandDin | kOperandWStash | kOperandGrads | kOperandStashView, SendRule::None,
+     1.0, "compute",
      CostRule::Flops},
     {Op::BackwardWeight, "backward_weight", "BW", OpKind::Compute, false,
-     kComputeLink | kOperandIn | kOperandStash | kOperandDout | kOperandWStash, kComputeLink | kOperandGrads,
+     kComputeLink | kOperandIn | kOperandStash | kOperandDout | kOperandWStash,
+     kComputeLink | kOperandGrads | kOperandStashView,
      SendRule::None, 1.0, "compute", CostRule::Flops},
     {Op::Update, "update", "UPDATE", OpKind::Update, false, kOperandSrc, kOperandBuf | kOperandM | kOperandV,
      SendRule::None, 0.0, "optimizer", CostRule::MemoryPasses},

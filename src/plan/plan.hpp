@@ -14,7 +14,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 14;
+constexpr uint32_t kPlanVersion = 15;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -125,7 +125,6 @@ struct Plan {
   std::vector<Instr> instrs;
   int32_t workspace_buf = -1;
   int32_t scratch_buf = -1;     // backend scratch of the segments, sized at run time (SegmentType::scratch_floats)
-  int32_t stash_view_buf = -1;  // the fp32 stash of a segment whose stash is held in bf16 (ComputeArgs::stash_bf16)
   MemoryEstimate memory;
   double predicted_step = 0;    // cost model: seconds per step (the whole job)
   double predicted_bubble = 0;  // cost model: idle share of this set's compute stream

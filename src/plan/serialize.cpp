@@ -68,7 +68,8 @@ void fields(Io& io, Fields&... f) {
 template <typename Io>
 void payload_fields(ComputeArgs& a, Io io) {
   fields(io, a.segment, a.sample_offset, a.samples, a.in, a.out, a.stash, a.stash_tail, a.wstash, a.dout, a.din, a.link,
-         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.alike_block, a.stash_bf16);
+         a.loss_scale, a.pbuf, a.gbuf, a.overwrite, a.alike_block, a.stash_bf16,
+         a.stash_view);
 }
 template <typename Io>
 void payload_fields(UpdateArgs& a, Io io) {
@@ -247,7 +248,6 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   for (const auto& in : p.instrs) put_instr(w, in);
   w.put(p.workspace_buf);
   w.put(p.scratch_buf);
-  w.put(p.stash_view_buf);
   w.put(p.memory);
   w.put(p.predicted_step);
   w.put(p.predicted_bubble);
@@ -346,7 +346,6 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   for (uint32_t i = 0; i < ni; ++i) p.instrs.push_back(get_instr(r));
   p.workspace_buf = r.get<int32_t>();
   p.scratch_buf = r.get<int32_t>();
-  p.stash_view_buf = r.get<int32_t>();
   p.memory = r.get<MemoryEstimate>();
   p.predicted_step = r.get<double>();
   p.predicted_bubble = r.get<double>();

@@ -41,8 +41,9 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
   for (const auto& instr : plan_.instrs)
     if (op_is_compute(instr.op) && instr.compute().stash_bf16) {
       const ComputeArgs& c = instr.compute();
-      const Segment& seg = plan_.segments[size_t(c.segment)];
-      stash_layouts_.try_emplace({c.segment, c.samples}, seg.type->stash_layout(seg, plan_.dims, c.samples));
+      const bool input = (c.stash_bf16 & kStashHoldsInput) != 0;
+      stash_layouts_.try_emplace({c.segment, c.samples, input},
+                                 held_stash_layout(plan_.segments[size_t(c.segment)], plan_.dims, c.samples, input));
     }
   if (plan_.scratch_buf >= 0) {
     // the largest backend scratch any segment of this plan needs
@@ -506,15 +507,23 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
   // there before a backward.
   const StashLayout* layout = nullptr;
   void* held = io.stash;
+  const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
+  float* view_input = nullptr;  // where the view holds the input: after the stash
   if (in.stash_bf16) {
-    layout = &stash_layouts_.at({in.segment, in.samples});
-    io.stash = store_.f(plan_.stash_view_buf);
-    if (op != Op::Forward) load_stash_bf16(*layout, held, static_cast<float*>(io.stash));
+    layout = &stash_layouts_.at({in.segment, in.samples, holds_input});
+    float* view = store_.f(in.stash_view);
+    io.stash = view;
+    if (holds_input) view_input = view + segment_sizes(seg, d, in.samples).stash_bytes / sizeof(float);
+    if (op != Op::Forward) {
+      load_stash_bf16(*layout, held, view);
+      if (holds_input) io.in = view_input;
+    }
   }
   switch (op) {
     case Op::Forward:
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
+      if (holds_input) k_.copy(view_input, io.in, segment_sizes(seg, d, in.samples).input_bytes);
       if (layout) store_stash_bf16(*layout, static_cast<const float*>(io.stash), held);
       break;
     case Op::Recompute:  // the whole forward again, or (a split stash) only the part selective recompute dropped

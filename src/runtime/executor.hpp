@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -163,8 +164,8 @@ class Executor {
   const std::atomic<int>* failure_flag_ = nullptr;
   size_t routing_size_ = 0;                 // doubles of all routing statistics blocks
   std::vector<int64_t> routing_offset_;     // per segment: its statistics block (-1: not a routing segment)
-  // (segment, samples) → the runs of its stash, for the stashes held in bf16 (ComputeArgs::stash_bf16)
-  std::map<std::pair<int32_t, int32_t>, StashLayout> stash_layouts_;
+  // (segment, samples, with its input) → the runs of its stash, for the stashes held in bf16 (ComputeArgs::stash_bf16)
+  std::map<std::tuple<int32_t, int32_t, bool>, StashLayout> stash_layouts_;
   std::vector<double> sync_local_, sync_global_;  // the step sync's sums, allocated once
   std::vector<float> statistics_delta_;             // host: a parameter's step from statistics
   float* statistics_delta_dev_ = nullptr;           // device: the part of it being added

@@ -2,6 +2,7 @@
 
 The bundle has real ELF files linked against stand-in CUDA libraries (cudart, cuBLAS, NCCL built here with cc),
 a kernel-test binary that hangs, a stand-in piper (Python) and stand-ins for nvidia-smi and compute-sanitizer.
+The default configs include two trained in bf16 (NAME-bf16: configs/NAME.toml with job.precision = "bf16").
 """
 import os
 import shutil
@@ -13,6 +14,7 @@ from common import ROOT, fail
 
 CHECK = os.path.join(ROOT, "tools", "gpu-check.sh")
 CONFIGS = ["quickstart", "qwen3-small", "qwen3-moe-small", "gpt2-124m"]
+BF16_CONFIGS = ["quickstart-bf16", "qwen3-small-bf16"]  # configs/NAME.toml with job.precision = "bf16"
 
 LIB_C = r"""
 #ifdef __cplusplus
@@ -55,7 +57,7 @@ opt = lambda name: args[args.index(name) + 1]
 config = os.path.basename(opt("--config"))[:-len(".toml")]
 steps = int(opt("--steps"))
 backend = "cuda" if 'job.backend="cuda"' in args else "cpu"
-print(f"backend {backend}: {config}", flush=True)
+print(f"backend {backend}: {config}" + (" in bf16" if 'job.precision="bf16"' in args else ""), flush=True)
 if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
     print("piper: ranks share a GPU; their communication goes through host memory (MPI)", file=sys.stderr)
 if config == "gpt2-124m":
@@ -187,7 +189,7 @@ def main():
                   PIPER=os.path.join(bundle, "bin", "piper"))
     if p.returncode != 0:
         fail(f"--make-references exited {p.returncode}:\n{p.stdout}")
-    for c in CONFIGS[:3]:
+    for c in CONFIGS[:3] + BF16_CONFIGS:
         for name in (c + ".jsonl", c + ".perturbed.jsonl"):
             with open(os.path.join(bundle, "reference", name)) as f:
                 if len(f.readlines()) != 4:
@@ -207,6 +209,11 @@ def main():
         fail(f"the check took {p.seconds:.1f} s, past its deadline TOTAL_S={total} (+ the kill grace)")
     for what in ("GPUs: 1 — GPU 0: NVIDIA H200", "NCCL 2.21.5", "preflight: passed",
                  "kernels: TIMED OUT after 2 s", "throughput-gpt2-124m: TIMED OUT after 3 s",
+                 "throughput-gpt2-124m-bf16: TIMED OUT after 3 s",
+                 "train quickstart-bf16: cuda: max relative loss difference 0.00e+00 over 4 steps, 0.00 of the step's "
+                 "tolerance (tolerance 0.001): OK",
+                 "train qwen3-small-bf16: cuda: max relative loss difference 1.00e-02 over 4 steps, 10.00 of the "
+                 "step's tolerance (tolerance 0.001): FAILED",
                  "train quickstart: cuda: max relative loss difference 0.00e+00 over 4 steps, 0.00 of the step's "
                  "tolerance (tolerance 0.001): OK",
                  "train qwen3-small: cuda: max relative loss difference 1.00e-02 over 4 steps, 10.00 of the step's "
@@ -216,17 +223,19 @@ def main():
                  "(up to 5.00e-03)): OK",
                  "two ranks on one GPU: 4 steps through host memory; cuda-2on1: max relative loss difference 0.00e+00",
                  "compute-sanitizer memcheck: unavailable", "compute-sanitizer racecheck: unavailable",
-                 "result: FAILED — 1 failed, 2 timed out, 0 skipped"):
+                 "result: FAILED — 2 failed, 3 timed out, 0 skipped"):
         expect(s, what, "summary")
     logs = ["summary.txt", "steps.txt", "preflight.log", "nvidia-smi.txt", "ldd-piper_tests.txt",
             "ldd-libpiper_cuda.so.txt", "cuda-tests.log", "two-ranks-one-gpu.log", "two-ranks-one-gpu.jsonl",
-            "throughput-gpt2-124m.log", "memcheck.log", "racecheck.log"]
-    for c in CONFIGS[:3]:
+            "throughput-gpt2-124m.log", "throughput-gpt2-124m-bf16.log", "memcheck.log", "racecheck.log"]
+    for c in CONFIGS[:3] + BF16_CONFIGS:
         logs += [f"train-{c}-cuda.log", f"train-{c}-cuda.jsonl", f"compare-{c}.txt"]
     missing = [f for f in logs if not os.path.isfile(os.path.join(out, f))]
     if missing:
         fail(f"not in the output folder: {missing}; it holds {listing(out)}")
     expect(open(os.path.join(out, "cuda-tests.log")).read(), "kernel tests: started", "cuda-tests.log")
+    expect(open(os.path.join(out, "train-quickstart-bf16-cuda.log")).read(), "backend cuda: quickstart in bf16",
+           "train-quickstart-bf16-cuda.log")
     if listing(bundle) != before:
         fail(f"the check wrote into the bundle: {sorted(set(listing(bundle)) - set(before))}")
     if os.listdir(cwd):
@@ -244,7 +253,8 @@ def main():
     if p.returncode != 1 or p.seconds > 6 + 6:
         fail(f"with TOTAL_S=6 the check exited {p.returncode} after {p.seconds:.1f} s:\n{p.stdout}")
     for what in ("kernels: TIMED OUT after", "train-quickstart-cuda: SKIPPED", "train-qwen3-moe-small-cuda: SKIPPED",
-                 "two-ranks-one-gpu: SKIPPED", "throughput-gpt2-124m: SKIPPED", "5 skipped"):
+                 "two-ranks-one-gpu: SKIPPED", "throughput-gpt2-124m: SKIPPED", "throughput-gpt2-124m-bf16: SKIPPED",
+                 "train-quickstart-bf16-cuda: SKIPPED", "8 skipped"):
         expect(s, what, "summary with TOTAL_S=6")
     print(f"ok  steps past the deadline skipped and named ({p.seconds:.1f} s)")
 
