@@ -1,12 +1,25 @@
 """Shared by the benchmark scripts: where piper and the repository are, the environment MPI jobs run in (root
 allowed, oversubscription allowed on a 2-core machine, shared-memory transport), and interval arithmetic for traces."""
 import os
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def piper_path(build):
     return os.path.abspath(os.path.join(build, "piper"))
+
+
+def run_logged(cmd, log, who):
+    """Runs cmd in the repository with its output in `log`, printing the command; exits naming `who` (the script) and
+    the log when it fails. Returns the log's text."""
+    print("+ " + " ".join(cmd) + f"   > {os.path.relpath(log, ROOT)}", flush=True)
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if p.returncode != 0:
+        sys.exit(f"{who}: command failed ({p.returncode}); see {log}")
+    return open(log).read()
 
 
 def mpi_env():

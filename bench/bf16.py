@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """bf16 mixed precision side by side in one run: piper fp32, piper bf16 (job.precision = "bf16") and the current
 PyTorch on CPU with autocast bf16 (eager and torch.compile), on the quickstart GPT-2 (configs/quickstart.toml) and
-the small Qwen3 (configs/qwen3-small.toml), at the same thread count, interleaved in rounds; then (--curves) each
-model trained for 300 steps on 3 seeds in fp32 and bf16 by piper and in autocast bf16 by PyTorch: final losses,
-their spread, and a plot of the curves.
+the small Qwen3 (configs/qwen3-small.toml), at the same thread count, interleaved in rounds; the activation peak of
+both models at 4, 12 and 24 layers in fp32 and bf16, measured by the runtime next to the compiler's estimate; then
+(--curves) each model trained for 300 steps on 3 seeds in fp32 and bf16 by piper and in autocast bf16 by PyTorch:
+final losses, their spread, and a plot of the curves.
 
-    bench/bf16.py BUILD_DIR [--rounds R] [--steps N] [--skip K] [--threads T] [--curves] [--curve-steps S]
-                  [--seeds "1 2 3"] [--plot PNG]
+    bench/bf16.py BUILD_DIR [--rounds R] [--steps N] [--skip K] [--threads T] [--no-throughput] [--no-memory]
+                  [--curves] [--curve-steps S] [--seeds "1 2 3"] [--plot PNG] [--reuse]
 
 TORCH_PYTHON: an interpreter with a current torch (default: the venv bench/quickstart.sh makes,
 ~/.cache/piper-bench/torch-venv, made here the same way when missing). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
@@ -20,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-from bench_common import ROOT, piper_path
+from bench_common import piper_path, run_logged
 
 JOBS = (("gpt", "configs/quickstart.toml"), ("qwen3", "configs/qwen3-small.toml"))
 
@@ -41,34 +42,34 @@ def torch_python():
 
 
 def run(cmd, log):
-    print("+ " + " ".join(cmd) + f"   > {os.path.relpath(log, ROOT)}", flush=True)
-    with open(log, "w") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if p.returncode != 0:
-        sys.exit(f"bf16.py: command failed ({p.returncode}); see {log}")
-    return open(log).read()
+    return run_logged(cmd, log, "bf16.py")
 
 
-def piper_run(piper, config, precision, threads, steps, out, tag, seed=None):
-    metrics = os.path.join(out, f"{tag}.jsonl")
+def piper_run(piper, config, precision, threads, steps, out, tag, seed=None, reuse=False):
+    """A run of `steps` steps; with a seed, a whole run of that many (job.steps: the schedule ends there)."""
+    metrics, log = os.path.join(out, f"{tag}.jsonl"), os.path.join(out, f"{tag}.log")
     cmd = [piper, "--config", config, "--steps", str(steps), "--metrics", metrics, "--set", 'checkpoint.dir=""',
            "--set", f"job.threads={threads}", "--set", f'job.precision="{precision}"']
     if seed is not None:
-        cmd += ["--set", f"job.seed={seed}"]
-    text = run(cmd, os.path.join(out, f"{tag}.log"))
+        cmd += ["--set", f"job.seed={seed}", "--set", f"job.steps={steps}"]
+    done = reuse and os.path.exists(metrics) and sum(1 for line in open(metrics) if line.strip()) == steps
+    text = open(log).read() if done else run(cmd, log)
     rows = [json.loads(line) for line in open(metrics) if line.strip()]
     path = re.search(r"matmuls through (.*?);", text)
     return rows, path.group(1) if path else "fp32 sgemm"
 
 
-def torch_run(py, model, autocast, compile_, threads, steps, skip, out, tag, seed=1234):
-    losses = os.path.join(out, f"{tag}.losses")
+def torch_run(py, model, autocast, compile_, threads, steps, skip, out, tag, seed=1234, decay=None, reuse=False):
+    losses, log = os.path.join(out, f"{tag}.losses"), os.path.join(out, f"{tag}.log")
     cmd = [py, "bench/torch_gpt.py", "--model", model, "--threads", str(threads), "--steps", str(steps),
            "--warmup", str(skip), "--sdpa", "--adamw", "auto", "--autocast", autocast, "--seed", str(seed),
            "--losses", losses]
     if compile_:
         cmd.append("--compile")
-    text = run(cmd, os.path.join(out, f"{tag}.log"))
+    if decay:
+        cmd += ["--decay-steps", str(decay)]
+    done = reuse and os.path.exists(losses) and sum(1 for line in open(losses) if line.strip()) == steps
+    text = open(log).read() if done else run(cmd, log)
     m = re.search(r"RESULT .*tokens_per_s=([0-9.]+)", text)
     return float(m.group(1)), [float(x) for x in open(losses)]
 
@@ -110,6 +111,26 @@ def throughput(a, piper, py, out):
                 print(f"| {model} | {name} | {t:.0f} | {t / base:.2f} | {t / b16:.2f} |")
 
 
+def memory(a, piper, out):
+    print()
+    print("activation peak per rank, MiB: measured by the runtime (the compiler's estimate), 2 steps, one process")
+    print("| model | layers | fp32 | bf16 | bf16 / fp32 |")
+    print("|---|---|---|---|---|")
+    for model, config in JOBS:
+        for layers in (4, 12, 24):
+            peak = {}
+            for precision in ("fp32", "bf16"):
+                report = os.path.join(out, f"memory-{model}-{layers}-{precision}.json")
+                run([piper, "--config", config, "--steps", "2", "--set", 'checkpoint.dir=""', "--set",
+                     f"model.n_layers={layers}", "--set", f'job.precision="{precision}"', "--report-json", report],
+                    os.path.join(out, f"memory-{model}-{layers}-{precision}.log"))
+                mem = json.load(open(report))["ranks"][0]["memory"]
+                peak[precision] = (mem["peak_bytes"]["activations"], mem["estimated_peak_bytes"]["activations"])
+            f, b = peak["fp32"], peak["bf16"]
+            mib = lambda x: f"{x[0] / 2**20:.1f} ({x[1] / 2**20:.1f})"
+            print(f"| {model} | {layers} | {mib(f)} | {mib(b)} | {b[0] / f[0]:.3f} |", flush=True)
+
+
 def curves(a, piper, py, out):
     seeds = [int(s) for s in a.seeds.split()]
     finals, series = {}, {}
@@ -118,11 +139,12 @@ def curves(a, piper, py, out):
         for seed in seeds:
             for precision in ("fp32", "bf16"):
                 res, _ = piper_run(piper, config, precision, a.threads, a.curve_steps, out,
-                                   f"curve-{model}-{precision}-s{seed}", seed=seed)
+                                   f"curve-{model}-{precision}-s{seed}", seed=seed, reuse=a.reuse)
                 losses = [x["loss"] for x in res]
                 series[(model, f"piper {precision}", seed)] = losses
+            # the same schedule as piper's: cosine decay until job.steps = curve_steps
             _, losses = torch_run(py, model, "bf16", False, a.threads, a.curve_steps, 1, out,
-                                  f"curve-{model}-torch-s{seed}", seed=seed)
+                                  f"curve-{model}-torch-s{seed}", seed=seed, decay=a.curve_steps, reuse=a.reuse)
             series[(model, "torch autocast bf16", seed)] = losses
     print()
     print(f"bf16 against fp32 over {a.curve_steps} steps, seeds {seeds} (the same data for piper's fp32 and bf16 runs "
@@ -143,38 +165,43 @@ def curves(a, piper, py, out):
             spread = statistics.pstdev(fin)
             print(f"| {model} | {name} | {' '.join(f'{x:.4f}' for x in fin)} | {statistics.mean(fin):.4f} ± {spread:.4f} "
                   f"| {tl:.4f} | {vs} |")
-    with open(os.path.join(out, "curves.json"), "w") as f:
+    curves_json = os.path.join(out, "curves.json")
+    with open(curves_json, "w") as f:
         json.dump({f"{m}|{n}|{s}": v for (m, n, s), v in series.items()}, f)
     if a.plot:
-        plot(series, seeds, a.plot)
+        plot(py, curves_json, seeds, os.path.abspath(a.plot))
 
 
-def plot(series, seeds, path):
-    try:
-        import matplotlib
-    except ImportError:
-        subprocess.run(["apt-get", "install", "-y", "-q", "python3-matplotlib"], check=False,
-                       stdout=subprocess.DEVNULL)
-        sys.path.append("/usr/lib/python3/dist-packages")
-        import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(JOBS), figsize=(12, 4.2))
-    colors = {"piper fp32": "tab:blue", "piper bf16": "tab:orange", "torch autocast bf16": "tab:green"}
-    for ax, (model, _) in zip(axes, JOBS):
-        for name, color in colors.items():
-            for i, s in enumerate(seeds):
-                y = series[(model, name, s)]
-                k = 10  # a running mean of 10 steps
-                smooth = [statistics.mean(y[max(0, j - k + 1):j + 1]) for j in range(len(y))]
-                ax.plot(range(1, len(y) + 1), smooth, color=color, alpha=0.8, lw=1, label=name if i == 0 else None)
-        ax.set_title(f"{model}: loss (running mean of 10 steps), seeds {', '.join(map(str, seeds))}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+PLOT = r"""
+import json, statistics, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+series, models, seeds, path = json.load(open(sys.argv[1])), sys.argv[2].split(), sys.argv[3].split(), sys.argv[4]
+colors = {"piper fp32": "tab:blue", "piper bf16": "tab:orange", "torch autocast bf16": "tab:green"}
+fig, axes = plt.subplots(1, len(models), figsize=(12, 4.2))
+for ax, model in zip(axes, models):
+    for name, color in colors.items():
+        for i, s in enumerate(seeds):
+            y = series[f"{model}|{name}|{s}"]
+            smooth = [statistics.mean(y[max(0, j - 9):j + 1]) for j in range(len(y))]  # running mean of 10 steps
+            ax.plot(range(1, len(y) + 1), smooth, color=color, alpha=0.8, lw=1, label=name if i == 0 else None)
+    ax.set_title(f"{model}: loss, running mean of 10 steps, seeds {', '.join(seeds)}", fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
+    ax.legend()
+fig.tight_layout()
+fig.savefig(path, dpi=90)
+"""
+
+
+def plot(py, curves_json, seeds, path):
+    """The curves drawn by matplotlib in the torch interpreter (installed there from PyPI when missing)."""
+    if subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode != 0:
+        subprocess.run([py, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+    subprocess.run([py, "-c", PLOT, curves_json, " ".join(m for m, _ in JOBS), " ".join(map(str, seeds)), path],
+                   check=True)
     print(f"plot: {path}")
 
 
@@ -186,10 +213,12 @@ def main():
     ap.add_argument("--skip", type=int, default=10)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--curves", action="store_true", help="also the 300-step curves on 3 seeds (about 20 minutes)")
     ap.add_argument("--curve-steps", type=int, default=300)
     ap.add_argument("--seeds", default="1 2 3")
     ap.add_argument("--plot", default="", help="PNG of the curves")
+    ap.add_argument("--reuse", action="store_true", help="keep the curve runs already complete in the output folder")
     a = ap.parse_args()
     piper = piper_path(a.build)
     out = os.path.join(os.path.abspath(a.build), "bench-results", "bf16")
@@ -199,6 +228,8 @@ def main():
     py = torch_python()
     if not a.no_throughput:
         throughput(a, piper, py, out)
+    if not a.no_memory:
+        memory(a, piper, out)
     if a.curves:
         curves(a, piper, py, out)
 

@@ -13,21 +13,14 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 
-from bench_common import ROOT, piper_path
+from bench_common import piper_path, run_logged
 
 JOBS = (("gpt", "configs/quickstart.toml"), ("qwen3", "configs/qwen3-small.toml"))
 
 
 def run(cmd, log):
-    print("+ " + " ".join(cmd) + f"   > {os.path.relpath(log, ROOT)}", flush=True)
-    with open(log, "w") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if p.returncode != 0:
-        sys.exit(f"families.py: command failed ({p.returncode}); see {log}")
-    return open(log).read()
+    return run_logged(cmd, log, "families.py")
 
 
 def piper_run(piper, config, threads, steps, skip, out, tag):

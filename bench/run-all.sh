@@ -19,6 +19,7 @@ BENCHMARKS=(
   "schedules.py"
   "recompute.py"
   "tensor_parallel.py"
+  "bf16.py"
 )
 
 failed=()
