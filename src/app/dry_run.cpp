@@ -130,6 +130,9 @@ void print_summary(const JobSpec& spec, const CompileResult& result, const DryRu
   std::printf("model: %s, %lld parameters, %zu segments; %zu regions, %zu device sets, %d microbatches of %d samples\n",
               spec.model.kind.c_str(), static_cast<long long>(result.model.n_params()), result.model.segments.size(),
               g.regions.size(), g.sets.size(), g.microbatches, g.samples_per_microbatch);
+  if (spec.job.precision == "bf16")
+    std::printf("precision bf16: matmuls on bf16 operands; the blocks' stashes and inputs held in bf16, counted so in "
+                "the memory below; the cost model's matmul rate is its fp32 one\n");
   for (const auto& r : g.regions)
     std::printf("  %s: segments %s .. %s\n", r.label().c_str(),
                 result.model.segments[size_t(r.seg_begin)].name.c_str(),

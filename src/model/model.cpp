@@ -17,7 +17,17 @@ Model build_model(const ModelSpec& spec) {
   return m;
 }
 
+namespace {
+thread_local const size_t* t_param_budget = nullptr;
+}  // namespace
+
+ParamBudget::ParamBudget(size_t most) : most_(most), outer_(t_param_budget) { t_param_budget = &most_; }
+ParamBudget::~ParamBudget() { t_param_budget = outer_; }
+const size_t* ParamBudget::current() { return t_param_budget; }
+
 int Model::add_param(std::string name, std::vector<int64_t> shape, InitKind init, float std, bool decay) {
+  if (const size_t* most = ParamBudget::current(); most && params.size() >= *most)
+    throw UserError(cat("the model has more than ", *most, " parameters (", name, " would be one more)"));
   ParamSpec p;
   p.name = std::move(name);
   p.shape = std::move(shape);

@@ -36,6 +36,23 @@ struct Segment {
   int shards = 1;                     // ranks its parameters are spread over (the shard directive)
 };
 
+// A bound on the parameters a model build may add on this thread while the scope lives: the plan check builds
+// the model a received plan's dimensions give no further than the plan's own parameter list reaches, so that
+// dimensions no job would have (millions of experts) cannot make it build millions of names. Past the bound
+// Model::add_param throws UserError.
+class ParamBudget {
+ public:
+  explicit ParamBudget(size_t most);
+  ~ParamBudget();
+  ParamBudget(const ParamBudget&) = delete;
+  ParamBudget& operator=(const ParamBudget&) = delete;
+  static const size_t* current();
+
+ private:
+  size_t most_;
+  const size_t* outer_;
+};
+
 struct Model {
   std::string kind;  // the family
   ModelDims dims;

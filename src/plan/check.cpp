@@ -89,6 +89,7 @@ class PlanCheck {
       require(false, "dimensions a job file could not have: ", problem->message);
     Model built;
     try {
+      const ParamBudget budget(p_.params.size());  // a model with more parameters is not this plan's
       built = family->build(spec_from_keys(family->keys, family->kind, d));
     } catch (const UserError& e) {
       require(false, "dimensions a job file could not have: ", e.what());

@@ -13,12 +13,13 @@ steps the bf16 loss is within 2% of the fp32 loss (bench/bf16.py --curves compar
 Compared: GPT-2 DP2, PP2 x DP2 under 1F1B and DualPipeV, DP2 ZeRO-3, PP2 under ZB-H1 (backward input and weight
 apart, each reading the bf16 stash) and TP2; Qwen3 DP2 and ZeRO-3; Qwen3-MoE EP2 x DP2. A bf16 checkpoint resumes
 bit for bit, and as an fp32 run (it holds the fp32 master weights). The start line and --report-json name the matmul path (oneDNN where the processor has bf16
-instructions; PIPER_BF16_GEMM=rounded forces sgemm of rounded operands, which trains alike), and each metrics line
-says "precision": "bf16". job.precision = "fp16" is an error (exit 2)."""
+instructions; PIPER_BF16_GEMM=rounded forces sgemm of rounded operands, which trains alike), each metrics line
+says "precision": "bf16", and so does the dry run. job.precision = "fp16" is an error (exit 2)."""
 import json
 import os
+import subprocess
 
-from common import compare, fail, losses, mesh, run, tempdir, tiny_gpt, tiny_qwen3, tiny_qwen3_moe, write
+from common import PIPER, compare, fail, losses, mesh, run, tempdir, tiny_gpt, tiny_qwen3, tiny_qwen3_moe, write
 
 RTOL_BF16 = 5e-4
 STEP_ONE = 1e-6  # at step 1 a strategy of the bf16 run is the one-process bf16 run; fp32 is further than 2e-6
@@ -108,6 +109,12 @@ def main():
     if "OpenBLAS sgemm of bf16-rounded operands" not in p.stdout:
         fail(f"PIPER_BF16_GEMM=rounded: the start lines do not name the rounded path:\n{p.stdout}")
     compare("Qwen3 bf16 through sgemm of rounded operands", qref, rounded, 2e-3)
+
+    dry = subprocess.run([PIPER, "--config", write(d, "dry.toml", gpt), "--dry-run"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=60)
+    if dry.returncode != 0 or "precision bf16: matmuls on bf16 operands" not in dry.stdout:
+        fail(f"the dry run of a bf16 job does not say so (exit {dry.returncode}):\n{dry.stdout}")
+    print("ok  the dry run says: " + next(line for line in dry.stdout.splitlines() if line.startswith("precision")))
 
     bad = write(d, "bad.toml", q.replace("[job]\n", '[job]\nprecision = "fp16"\n', 1))
     p = run(1, bad, check=False)
