@@ -41,4 +41,5 @@ seed pp2-zbh1-recompute 4 qwen3-small --set mesh.pp=2 --set mesh.dp=2 --set mesh
 seed tp2-sequence 2 qwen3-small --set mesh.tp=2 --set mesh.sequence=true
 seed moe-tp2-ep2 2 qwen3-moe-small --set mesh.tp=2 --set mesh.ep=2
 seed dp2-bf16 2 dp2 --set 'job.precision="bf16"'
+seed dp2-zero2-bf16-reduce 2 quickstart --set mesh.dp=2 --set 'job.precision="bf16"' --set 'job.grad_reduce="bf16"' --set mesh.zero=2
 ls -l "$out"

@@ -133,6 +133,9 @@ void print_summary(const JobSpec& spec, const CompileResult& result, const DryRu
   if (spec.job.precision == "bf16")
     std::printf("precision bf16: matmuls on bf16 operands; the blocks' stashes and inputs held in bf16, counted so in "
                 "the memory below; the cost model's matmul rate is its fp32 one\n");
+  if (spec.job.grad_reduce == "bf16")
+    std::printf("gradient reductions in bf16: half the bytes of an fp32 reduction on the wire, counted so in the cost "
+                "model; each sum rounded to bf16\n");
   for (const auto& r : g.regions)
     std::printf("  %s: segments %s .. %s\n", r.label().c_str(),
                 result.model.segments[size_t(r.seg_begin)].name.c_str(),

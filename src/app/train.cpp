@@ -226,6 +226,10 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
   if (rank == 0 && plan.precision == Precision::Bf16)
     std::printf("precision bf16: matmuls through %s; master weights, optimizer, norms, softmax and loss in fp32\n",
                 backend->kernels().bf16_matmul_path().c_str());
+  if (rank == 0 && std::any_of(plan.instrs.begin(), plan.instrs.end(), [](const Instr& in) {
+        return op_info(in.op).kind == OpKind::Collective && (in.collective().flags & kFlagBf16Wire);
+      }))
+    std::printf("gradient reductions in bf16: half the bytes on the wire, each sum rounded to bf16\n");
   // A common time origin for every rank's timeline (and the trace).
   MPI_CHECK(MPI_Barrier(world));
   stop_signals_training_started();  // a stop request from here on is answered with a checkpoint after its step

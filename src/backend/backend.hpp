@@ -47,6 +47,11 @@ class Communicator {
   virtual std::unique_ptr<CommHandle> all_reduce(float* buf, size_t count, StreamContext* s) = 0;
   // dst(count) = Σ over the group of src[rank·count, (rank+1)·count); src holds size()·count.
   virtual std::unique_ptr<CommHandle> reduce_scatter(const float* src, float* dst, size_t count, StreamContext* s) = 0;
+  // The same two reductions on bf16 values (util/precision.hpp): half the bytes on the wire; each addition in
+  // fp32, its sum rounded to bf16.
+  virtual std::unique_ptr<CommHandle> all_reduce_bf16(uint16_t* buf, size_t count, StreamContext* s) = 0;
+  virtual std::unique_ptr<CommHandle> reduce_scatter_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                                          StreamContext* s) = 0;
   // dst(size()·count) = concatenation of every rank's src(count). src == nullptr: in place, each rank's
   // contribution already at dst + rank·count.
   virtual std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) = 0;

@@ -759,6 +759,16 @@ class Lowerer {
     in.group = pb.group;
     in.buf = pb.grad_buf;
     in.count = pb.padded;
+    wire_in_bf16(n, in, uint64_t(in.count));
+  }
+
+  // job.grad_reduce = "bf16": a gradient reduction travels and sums in bf16, staged in a transient wire buffer
+  // of `values` bf16 (an all-reduce's count; a reduce-scatter's group·count sent and count received).
+  void wire_in_bf16(const Node& n, CollectiveArgs& in, uint64_t values) {
+    if (spec_.job.grad_reduce != "bf16") return;
+    in.flags |= kFlagBf16Wire;
+    in.wire = new_buffer(values * sizeof(uint16_t), BufferKind::Comm, false,
+                         cat("bucket", n.bucket, n.mb >= 0 ? cat(".mb", n.mb) : std::string(), ".bf16_wire"));
   }
 
   void emit_reduce_scatter(const Node& n, CollectiveArgs& in) {
@@ -791,6 +801,7 @@ class Lowerer {
         in.tmp = new_buffer(shard_bytes, BufferKind::Comm, false, cat("bucket", n.bucket, ".rs_scratch.mb", n.mb));
       }
     }
+    wire_in_bf16(n, in, uint64_t(in.count) * uint64_t(pb.group_size + 1));
   }
 
   // The routed rows of a boundary, from what its producer wrote to what its consumer reads.

@@ -39,6 +39,7 @@ struct JobSection {
   uint64_t seed = 1234;
   std::string backend = "cpu";  // cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 (bf16 matmul operands, fp32 accumulation and master weights)
+  std::string grad_reduce = "fp32";  // fp32 | bf16: the gradients' data-parallel reductions travel and sum in bf16
   int threads = 0;              // compute threads per rank; 0 = cores / ranks on the node
   double watchdog_s = 600;      // no instruction finished for this long during a step ends the job (exit 5); 0 = off
   int64_t log_every = 1;

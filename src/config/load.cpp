@@ -149,6 +149,7 @@ void load_job_section(TomlReader& r, JobSection& j) {
   j.seed = uint64_t(r.get_int("seed", int64_t(j.seed), 0, INT64_MAX));
   j.backend = r.get_string("backend", j.backend, {"cpu", "cuda"});
   j.precision = r.get_string("precision", j.precision, {"fp32", "bf16"});
+  j.grad_reduce = r.get_string("grad_reduce", j.grad_reduce, {"fp32", "bf16"});
   j.threads = int(r.get_int("threads", j.threads, 0, 1024));
   j.watchdog_s = r.get_float("watchdog_s", j.watchdog_s, 0, 1e9);
   j.log_every = r.get_int("log_every", j.log_every, 1, INT64_MAX);

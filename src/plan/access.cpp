@@ -35,7 +35,8 @@ void instr_accesses(const Instr& in, std::vector<int32_t>& reads, std::vector<in
 }
 
 double instr_send_bytes(const Instr& in, int n) {
-  const double elem = sizeof(float);
+  const bool bf16 = op_info(in.op).kind == OpKind::Collective && (in.collective().flags & kFlagBf16Wire);
+  const double elem = bf16 ? sizeof(uint16_t) : sizeof(float);
   switch (op_info(in.op).send) {
     case SendRule::None: return 0;
     case SendRule::Message: return double(in.message().count) * elem;

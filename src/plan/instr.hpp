@@ -24,6 +24,7 @@ constexpr uint8_t kFlagAccumulate = 1;   // reduce-scatter: add into buf instead
 constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
 constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
 constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
+constexpr uint8_t kFlagBf16Wire = 16;    // all-reduce, reduce-scatter: travels and sums in bf16, staged in `wire`
 
 // ComputeArgs::stash_bf16 bits
 constexpr uint8_t kStashBf16 = 1;
@@ -98,11 +99,13 @@ struct MessageArgs {
 };
 
 // AllReduce, ReduceScatter, AllGather on a group: destination `buf`, source `src` (-1: in place), scratch `tmp`.
+// With kFlagBf16Wire the floats travel as bf16 through `wire`: an all-reduce's count bf16 values, a reduce-scatter's
+// group·count sent then its count received.
 struct CollectiveArgs {
   int32_t bucket = -1;
   int32_t group = -1;  // index into Plan::groups
-  uint8_t flags = 0;   // kFlagAccumulate, kFlagBufShard, kFlagSrcShard
-  int32_t buf = -1, src = -1, tmp = -1;
+  uint8_t flags = 0;   // kFlagAccumulate, kFlagBufShard, kFlagSrcShard, kFlagBf16Wire
+  int32_t buf = -1, src = -1, tmp = -1, wire = -1;
   int64_t offset = 0, src_offset = 0;
   int64_t count = 0;  // all-reduce: floats reduced; reduce-scatter and all-gather: floats of each rank's share
 
@@ -111,6 +114,7 @@ struct CollectiveArgs {
     fn(kOperandBuf, buf);
     fn(kOperandSrc, src);
     fn(kOperandTmp, tmp);
+    fn(kOperandWire, wire);
   }
 };
 

@@ -48,6 +48,7 @@ enum Operand : uint32_t {
   kOperandV = 1u << 13,       // v
   kOperandSpans = 1u << 14,   // spans[].buf
   kOperandStashView = 1u << 15,  // stash_view: the fp32 stash of a stash held in bf16, scratch of one pass
+  kOperandWire = 1u << 16,       // wire: the bf16 staging of a collective that travels in bf16
 };
 
 // The bytes one rank sends for an instruction of a group of n (instr_send_bytes).
@@ -106,10 +107,11 @@ inline constexpr OpInfo kOpTable[] = {
      CostRule::Message},
     {Op::Recv, "recv", "RECV", OpKind::PointToPoint, true, 0, kOperandBuf, SendRule::None, 0.0, "p2p",
      CostRule::Message},
-    {Op::AllReduce, "all_reduce", "ALL_REDUCE", OpKind::Collective, true, 0, kOperandBuf, SendRule::RingAllReduce,
+    {Op::AllReduce, "all_reduce", "ALL_REDUCE", OpKind::Collective, true, 0, kOperandBuf | kOperandWire,
+     SendRule::RingAllReduce,
      0.0, "collective", CostRule::Collective},
     {Op::ReduceScatter, "reduce_scatter", "REDUCE_SCATTER", OpKind::Collective, true, kOperandSrc,
-     kOperandBuf | kOperandTmp, SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
+     kOperandBuf | kOperandTmp | kOperandWire, SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
     {Op::AllGather, "all_gather", "ALL_GATHER", OpKind::Collective, true, kOperandSrc, kOperandBuf,
      SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
     {Op::AllToAll, "all_to_all", "ALL_TO_ALL", OpKind::AllToAll, true, kOperandSrc, kOperandBuf, SendRule::RowsBound,

@@ -176,6 +176,7 @@ struct InstrText {
     buf("buf", a.buf);
     buf("src", a.src);
     buf("tmp", a.tmp);
+    buf("wire", a.wire);
     count_and_flags(a.count, a.flags);
   }
   void operator()(const AllToAllArgs& a) {

@@ -81,7 +81,7 @@ void payload_fields(MessageArgs& a, Io io) {
 }
 template <typename Io>
 void payload_fields(CollectiveArgs& a, Io io) {
-  fields(io, a.bucket, a.group, a.buf, a.src, a.tmp, a.flags, a.offset, a.src_offset, a.count);
+  fields(io, a.bucket, a.group, a.buf, a.src, a.tmp, a.wire, a.flags, a.offset, a.src_offset, a.count);
 }
 template <typename Io>
 void payload_fields(AllToAllArgs& a, Io io) {

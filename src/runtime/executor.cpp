@@ -336,7 +336,7 @@ void Executor::poll(Stream& s) {
     int32_t i = s.pending[k].instr;
     s.pending.erase(s.pending.begin() + long(k));
     const Instr& in = plan_.instrs[size_t(i)];
-    if (in.op == Op::ReduceScatter && in.collective().tmp >= 0) finish_reduce_scatter(in.collective());
+    if (in.op == Op::AllReduce || in.op == Op::ReduceScatter) finish_collective(in.op, in.collective());
     complete(s, i);
   }
 }
@@ -391,12 +391,25 @@ void Executor::execute(Stream& s, int32_t i) {
     case Op::AllReduce: {
       const CollectiveArgs& c = in.collective();
       float* buf = store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count, c.bucket);
-      post(group(c.group).all_reduce(buf, size_t(c.count), ctx));
+      if (c.flags & kFlagBf16Wire) {  // wire(count) in bf16, read back into buf once reduced (finish_collective)
+        auto* wire = static_cast<uint16_t*>(store_.acquire(c.wire));
+        k_.to_bf16(wire, buf, size_t(c.count));
+        post(group(c.group).all_reduce_bf16(wire, size_t(c.count), ctx));
+      } else {
+        post(group(c.group).all_reduce(buf, size_t(c.count), ctx));
+      }
       return;
     }
     case Op::ReduceScatter: {
       const CollectiveArgs& c = in.collective();
       const float* src = store_.f(c.src) + c.src_offset;
+      if (c.flags & kFlagBf16Wire) {  // wire: the group's n·count sent in bf16, then this rank's count received
+        auto* wire = static_cast<uint16_t*>(store_.acquire(c.wire));
+        const size_t sent = size_t(group(c.group).size()) * size_t(c.count);
+        k_.to_bf16(wire, src, sent);
+        post(group(c.group).reduce_scatter_bf16(wire, wire + sent, size_t(c.count), ctx));
+        return;
+      }
       float* dst = c.tmp >= 0 ? store_.f(c.tmp)
                               : store_.f(c.buf) + c.offset + shard_offset(c.flags, kFlagBufShard, c.count, c.bucket);
       post(group(c.group).reduce_scatter(src, dst, size_t(c.count), ctx));
@@ -420,8 +433,16 @@ void Executor::execute(Stream& s, int32_t i) {
   complete(s, i);
 }
 
-void Executor::finish_reduce_scatter(const CollectiveArgs& in) {
+// What a finished reduction leaves to do here: a bf16 result read back into fp32 (into the scratch, where there is
+// one), and a reduce-scatter's scratch added or copied into its destination.
+void Executor::finish_collective(Op op, const CollectiveArgs& in) {
   float* dst = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count, in.bucket);
+  if (in.flags & kFlagBf16Wire) {
+    const auto* wire = static_cast<const uint16_t*>(store_.acquire(in.wire));
+    const size_t received_at = op == Op::AllReduce ? 0 : size_t(group(in.group).size()) * size_t(in.count);
+    k_.from_bf16(in.tmp >= 0 ? store_.f(in.tmp) : dst, wire + received_at, size_t(in.count));
+  }
+  if (op != Op::ReduceScatter || in.tmp < 0) return;
   const float* tmp = store_.f(in.tmp);
   if (in.flags & kFlagAccumulate) k_.accumulate(dst, tmp, size_t(in.count));
   else k_.copy(dst, tmp, size_t(in.count) * sizeof(float));

@@ -121,7 +121,7 @@ class Executor {
   void load_stash_bf16(const StashLayout& layout, const void* held, float* view);
   void run_update(const UpdateArgs& in);
   void run_step_sync(const StepSyncArgs& in);
-  void finish_reduce_scatter(const CollectiveArgs& in);
+  void finish_collective(Op op, const CollectiveArgs& in);
   void make_communicators();
   Communicator& group(int32_t g);
   // A parameter moved by its segment's statistics (ParamSpec::statistics_segment), not by the optimizer: the

@@ -7,6 +7,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
+#include "backend/mpi_bf16_sum.hpp"
 #include "backend/mpi_ranks.hpp"
 #include "backend/ragged_rows.hpp"
 #include "util/error.hpp"
@@ -113,6 +114,17 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter(const float* src, float* dst, size_t count, StreamContext*) override {
     MPI_Request r;
     MPI_CHECK(MPI_Ireduce_scatter_block(src, dst, int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+  std::unique_ptr<CommHandle> all_reduce_bf16(uint16_t* buf, size_t count, StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, int(count), MPI_UINT16_T, bf16_sum_op(), comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
+  std::unique_ptr<CommHandle> reduce_scatter_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                                  StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Ireduce_scatter_block(src, dst, int(count), MPI_UINT16_T, bf16_sum_op(), comm_, &r));
     return std::make_unique<MpiHandle>(r);
   }
   std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext*) override {

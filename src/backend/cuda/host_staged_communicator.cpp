@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/device_identity.hpp"
+#include "backend/mpi_bf16_sum.hpp"
 #include "backend/mpi_ranks.hpp"
 #include "backend/ragged_rows.hpp"
 #include "util/error.hpp"
@@ -83,23 +84,19 @@ class HostStagedCommunicator final : public Communicator {
   int rank() const override { return rank_; }
 
   std::unique_ptr<CommHandle> all_reduce(float* buf, size_t count, StreamContext* s) override {
-    cudaStream_t st = caller_stream(s);
-    std::vector<char> host(count * sizeof(float));
-    to_host(host.data(), buf, host.size(), st);
-    MPI_Request r;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data(), int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
-    return std::make_unique<StagedHandle>(r, std::move(host), 0, count * sizeof(float), buf, st);
+    return staged_all_reduce(buf, count * sizeof(float), int(count), MPI_FLOAT, MPI_SUM, s);
+  }
+  std::unique_ptr<CommHandle> all_reduce_bf16(uint16_t* buf, size_t count, StreamContext* s) override {
+    return staged_all_reduce(buf, count * sizeof(uint16_t), int(count), MPI_UINT16_T, bf16_sum_op(), s);
   }
 
   // src(size·count) → dst(count)
   std::unique_ptr<CommHandle> reduce_scatter(const float* src, float* dst, size_t count, StreamContext* s) override {
-    cudaStream_t st = caller_stream(s);
-    const size_t in = size_t(size_) * count * sizeof(float), out = count * sizeof(float);
-    std::vector<char> host(in + out);
-    to_host(host.data(), src, in, st);
-    MPI_Request r;
-    MPI_CHECK(MPI_Ireduce_scatter_block(host.data(), host.data() + in, int(count), MPI_FLOAT, MPI_SUM, comm_, &r));
-    return std::make_unique<StagedHandle>(r, std::move(host), in, out, dst, st);
+    return staged_reduce_scatter(src, dst, count * sizeof(float), int(count), MPI_FLOAT, MPI_SUM, s);
+  }
+  std::unique_ptr<CommHandle> reduce_scatter_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                                  StreamContext* s) override {
+    return staged_reduce_scatter(src, dst, count * sizeof(uint16_t), int(count), MPI_UINT16_T, bf16_sum_op(), s);
   }
 
   // src(count) (or in place at dst + rank·count) → dst(size·count)
@@ -156,6 +153,28 @@ class HostStagedCommunicator final : public Communicator {
   }
 
  private:
+  // buf(bytes: count elements of `type`) summed in place by `op` through host memory
+  std::unique_ptr<CommHandle> staged_all_reduce(void* buf, size_t bytes, int count, MPI_Datatype type, MPI_Op op,
+                                                StreamContext* s) {
+    cudaStream_t st = caller_stream(s);
+    std::vector<char> host(bytes);
+    to_host(host.data(), buf, host.size(), st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data(), count, type, op, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), 0, bytes, buf, st);
+  }
+  // src(size·bytes) → dst(bytes: count elements of `type`), summed by `op` through host memory
+  std::unique_ptr<CommHandle> staged_reduce_scatter(const void* src, void* dst, size_t bytes, int count,
+                                                    MPI_Datatype type, MPI_Op op, StreamContext* s) {
+    cudaStream_t st = caller_stream(s);
+    const size_t in = size_t(size_) * bytes;
+    std::vector<char> host(in + bytes);
+    to_host(host.data(), src, in, st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Ireduce_scatter_block(host.data(), host.data() + in, count, type, op, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), in, bytes, dst, st);
+  }
+
   int local(int world_rank) const {
     int l = to_local_[size_t(world_rank)];
     PIPER_CHECK(l != MPI_UNDEFINED, "world rank ", world_rank, " is not in this communicator");

@@ -46,6 +46,14 @@ class LocalCommunicator final : public Communicator {
     copy(dst, src, count * sizeof(float), s);
     return std::make_unique<QueuedHandle>();
   }
+  std::unique_ptr<CommHandle> all_reduce_bf16(uint16_t*, size_t, StreamContext*) override {
+    return std::make_unique<QueuedHandle>();
+  }
+  std::unique_ptr<CommHandle> reduce_scatter_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                                  StreamContext* s) override {
+    copy(dst, src, count * sizeof(uint16_t), s);
+    return std::make_unique<QueuedHandle>();
+  }
   // src(count) → dst(count); in place when src is null
   std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) override {
     if (src) copy(dst, src, count * sizeof(float), s);

@@ -193,6 +193,24 @@ class NcclCommunicator final : public Communicator {
     return end_collective(op);
   }
 
+  std::unique_ptr<CommHandle> all_reduce_bf16(uint16_t* buf, size_t count, StreamContext* s) override {
+    if (count == 0) return std::make_unique<DoneHandle>();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto op = begin_collective(s);
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, group().comm, group().stream));  // buf(count)
+    return end_collective(op);
+  }
+
+  std::unique_ptr<CommHandle> reduce_scatter_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                                  StreamContext* s) override {
+    if (count == 0) return std::make_unique<DoneHandle>();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto op = begin_collective(s);
+    // src(size·count) → dst(count)
+    NCCL_CHECK(ncclReduceScatter(src, dst, count, ncclBfloat16, ncclSum, group().comm, group().stream));
+    return end_collective(op);
+  }
+
   std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) override {
     if (count == 0) return std::make_unique<DoneHandle>();
     std::lock_guard<std::mutex> lock(mu_);
