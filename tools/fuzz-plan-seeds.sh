@@ -42,4 +42,5 @@ seed tp2-sequence 2 qwen3-small --set mesh.tp=2 --set mesh.sequence=true
 seed moe-tp2-ep2 2 qwen3-moe-small --set mesh.tp=2 --set mesh.ep=2
 seed dp2-bf16 2 dp2 --set 'job.precision="bf16"'
 seed dp2-zero2-bf16-reduce 2 quickstart --set mesh.dp=2 --set 'job.precision="bf16"' --set 'job.grad_reduce="bf16"' --set mesh.zero=2
+seed dp2-zero3-bf16 2 quickstart --set mesh.dp=2 --set 'job.precision="bf16"' --set mesh.zero=3
 ls -l "$out"

@@ -55,6 +55,9 @@ class Communicator {
   // dst(size()·count) = concatenation of every rank's src(count). src == nullptr: in place, each rank's
   // contribution already at dst + rank·count.
   virtual std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) = 0;
+  // The same on bf16 values.
+  virtual std::unique_ptr<CommHandle> all_gather_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                                      StreamContext* s) = 0;
   // Counted rows, exchanged: src and dst start with `parts` int32 counts, then the rows (width floats each)
   // of part 0, part 1, ... Part p of src goes to group rank p / (parts / size()). dst receives, from each
   // group rank in order, its parts / size() counts meant for this rank, then the rows in the same order.

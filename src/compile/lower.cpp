@@ -844,6 +844,14 @@ class Lowerer {
       in.group = group_id(replica_group(pb, n.stream));
       in.src = pb.param_shard_buf;
       in.buf = gather_target_;
+      // a bf16 run's bucket of matmul operands travels rounded to bf16, as its matmuls would round it
+      const auto& params = g_.buckets[size_t(n.bucket)].params;
+      if (g_.bf16 && std::all_of(params.begin(), params.end(),
+                                 [&](int p) { return m_.params[size_t(p)].bf16_operand; })) {
+        in.flags |= kFlagBf16Wire;
+        in.wire = new_buffer(uint64_t(in.count) * uint64_t(pb.group_size) * sizeof(uint16_t), BufferKind::Comm, false,
+                             cat("bucket", n.bucket, ".bf16_gather.", p_.instrs.size()));
+      }
     } else {
       in.group = pb.group;
       in.src = -1;  // in place: this rank's shard already sits at its place in the full buffer

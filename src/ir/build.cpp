@@ -133,6 +133,7 @@ Graph build_training_graph(const Model& model, const JobSpec& spec, int world) {
   Graph g;
   g.model = &model;
   g.world = world;
+  g.bf16 = spec.job.precision == "bf16";
   g.global_batch = spec.data.batch;
   g.microbatches = 1;
   g.samples_per_microbatch = spec.data.batch;

@@ -122,6 +122,7 @@ struct Bucket {
 struct Graph {
   const Model* model = nullptr;
   int world = 1;
+  bool bf16 = false;  // job.precision = "bf16": ZeRO-3 keeps bf16 matmul operands in buckets of their own
   int microbatches = 1;
   int samples_per_microbatch = 0;  // per replica
   int global_batch = 0;

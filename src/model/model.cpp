@@ -40,6 +40,12 @@ int Model::add_param(std::string name, std::vector<int64_t> shape, InitKind init
   return int(params.size()) - 1;
 }
 
+int Model::add_matmul_weight(std::string name, std::vector<int64_t> shape, float std) {
+  const int i = add_param(std::move(name), std::move(shape), InitKind::Normal, std, true);
+  params[size_t(i)].bf16_operand = true;
+  return i;
+}
+
 int64_t Model::n_params() const {
   int64_t n = 0;
   for (const auto& p : params) n += p.numel;

@@ -20,6 +20,9 @@ struct ParamSpec {
   InitKind init = InitKind::Zeros;
   float init_std = 0.f;
   bool decay = false;           // AdamW weight decay applies (matrices and embeddings only)
+  // read only as an operand of linear-layer matmuls, which a bf16 run rounds to bf16: a ZeRO-3 bf16 run gathers it
+  // in bf16 (the rounding the matmul would do, done before the wire)
+  bool bf16_operand = false;
   // >= 0: not trained by the optimizer; after each step it moves by the `statistics_step` of that segment's
   // type, from the step's routing statistics (a router's selection bias)
   int32_t statistics_segment = -1;
@@ -62,6 +65,8 @@ struct Model {
   int64_t n_params() const;           // distinct parameters (tied counted once)
   // Adds a parameter and returns its index (for family builders).
   int add_param(std::string name, std::vector<int64_t> shape, InitKind init, float std, bool decay);
+  // add_param of a matrix read only by linear-layer matmuls (ParamSpec::bf16_operand)
+  int add_matmul_weight(std::string name, std::vector<int64_t> shape, float std);
 };
 
 // Value of element `index` of parameter `p` for this seed: the same on every rank and strategy.

@@ -76,6 +76,16 @@ void make_buckets(Graph& g) {
     for (int s = r.seg_begin; s < r.seg_end; ++s)
       for (int p : m.segments[size_t(s)].params)
         if (!lowest_user.count(p)) lowest_user[p] = s;
+    // A bf16 run's ZeRO-3 region keeps the parameters read only by matmuls (ParamSpec::bf16_operand) in buckets of
+    // their own, next to the others': those buckets are gathered in bf16.
+    const bool apart = g.bf16 && r.zero >= 3 && r.shard_directive < 0;
+    Bucket operands = cur;
+    auto close_operands = [&] {
+      if (!operands.params.empty()) g.buckets.push_back(operands);
+      operands = Bucket{};
+      operands.region = r.id;
+      operands.slices = slices;
+    };
     for (int s = r.seg_end - 1; s >= r.seg_begin; --s) {
       for (int p : m.segments[size_t(s)].params) {
         if (seen.count(p) || lowest_user[p] != s) continue;
@@ -93,11 +103,14 @@ void make_buckets(Graph& g) {
           g.buckets.push_back(own);
           continue;
         }
-        cur.params.push_back(p);
-        cur.numel += m.params[size_t(p)].numel;
+        Bucket& into = apart && m.params[size_t(p)].bf16_operand ? operands : cur;
+        into.params.push_back(p);
+        into.numel += m.params[size_t(p)].numel;
       }
+      if (double(operands.numel) * sizeof(float) >= limit) close_operands();
       if (double(cur.numel) * sizeof(float) >= limit) close();
     }
+    close_operands();
     close();
   }
 }

@@ -437,9 +437,11 @@ class PlanCheck {
       floats(in.buf, in.offset, in.count * g, false, "gathered");
       if (in.src >= 0) floats(in.src, in.src_offset, in.count, src_shard, "gather source", slices);
     }
-    if (in.flags & kFlagBf16Wire) {  // count bf16 values reduced in place, or group·count sent and count received
-      require(op != Op::AllGather, "an all-gather in bf16");
-      bytes(in.wire, uint64_t(in.count) * (op == Op::AllReduce ? 1 : uint64_t(g) + 1) * sizeof(uint16_t), "bf16 wire");
+    if (in.flags & kFlagBf16Wire) {  // bf16 values: count reduced in place, group·count sent and count received, or
+                                     // group·count gathered
+      const uint64_t values = op == Op::AllReduce ? 1 : op == Op::ReduceScatter ? uint64_t(g) + 1 : uint64_t(g);
+      require(op != Op::AllGather || in.src >= 0, "an all-gather in bf16 without its source");
+      bytes(in.wire, uint64_t(in.count) * values * sizeof(uint16_t), "bf16 wire");
     } else {
       require(in.wire == -1, "a bf16 wire for a collective in fp32");
     }

@@ -24,7 +24,7 @@ constexpr uint8_t kFlagAccumulate = 1;   // reduce-scatter: add into buf instead
 constexpr uint8_t kFlagBufShard = 2;     // buf offset += replica × count
 constexpr uint8_t kFlagSrcShard = 4;     // src offset += replica × count
 constexpr uint8_t kFlagBucketShard = 8;  // update: the bucket range starts at replica × count
-constexpr uint8_t kFlagBf16Wire = 16;    // all-reduce, reduce-scatter: travels and sums in bf16, staged in `wire`
+constexpr uint8_t kFlagBf16Wire = 16;    // collective: travels (and sums) in bf16, staged in `wire`
 
 // ComputeArgs::stash_bf16 bits
 constexpr uint8_t kStashBf16 = 1;
@@ -100,7 +100,7 @@ struct MessageArgs {
 
 // AllReduce, ReduceScatter, AllGather on a group: destination `buf`, source `src` (-1: in place), scratch `tmp`.
 // With kFlagBf16Wire the floats travel as bf16 through `wire`: an all-reduce's count bf16 values, a reduce-scatter's
-// group·count sent then its count received.
+// group·count sent then its count received, an all-gather's group·count (this rank's share at rank·count).
 struct CollectiveArgs {
   int32_t bucket = -1;
   int32_t group = -1;  // index into Plan::groups

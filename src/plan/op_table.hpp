@@ -112,7 +112,7 @@ inline constexpr OpInfo kOpTable[] = {
      0.0, "collective", CostRule::Collective},
     {Op::ReduceScatter, "reduce_scatter", "REDUCE_SCATTER", OpKind::Collective, true, kOperandSrc,
      kOperandBuf | kOperandTmp | kOperandWire, SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
-    {Op::AllGather, "all_gather", "ALL_GATHER", OpKind::Collective, true, kOperandSrc, kOperandBuf,
+    {Op::AllGather, "all_gather", "ALL_GATHER", OpKind::Collective, true, kOperandSrc, kOperandBuf | kOperandWire,
      SendRule::PerRankCount, 0.0, "collective", CostRule::Collective},
     {Op::AllToAll, "all_to_all", "ALL_TO_ALL", OpKind::AllToAll, true, kOperandSrc, kOperandBuf, SendRule::RowsBound,
      0.0, "collective", CostRule::Collective},

@@ -206,6 +206,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     w.put(uint8_t(ps.init));
     w.put(ps.init_std);
     w.put<uint8_t>(ps.decay);
+    w.put<uint8_t>(ps.bf16_operand);
     w.put(ps.statistics_segment);
   }
   w.put<uint32_t>(uint32_t(p.segments.size()));
@@ -295,6 +296,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     ps.init = InitKind(r.get<uint8_t>());
     ps.init_std = r.get<float>();
     ps.decay = r.get<uint8_t>() != 0;
+    ps.bf16_operand = r.get<uint8_t>() != 0;
     ps.statistics_segment = r.get<int32_t>();
     p.params.push_back(std::move(ps));
   }

@@ -336,7 +336,7 @@ void Executor::poll(Stream& s) {
     int32_t i = s.pending[k].instr;
     s.pending.erase(s.pending.begin() + long(k));
     const Instr& in = plan_.instrs[size_t(i)];
-    if (in.op == Op::AllReduce || in.op == Op::ReduceScatter) finish_collective(in.op, in.collective());
+    if (op_info(in.op).kind == OpKind::Collective) finish_collective(in.op, in.collective());
     complete(s, i);
   }
 }
@@ -425,6 +425,13 @@ void Executor::execute(Stream& s, int32_t i) {
       const CollectiveArgs& c = in.collective();
       const float* src =
           c.src >= 0 ? store_.f(c.src) + c.src_offset + shard_offset(c.flags, kFlagSrcShard, c.count, c.bucket) : nullptr;
+      if (c.flags & kFlagBf16Wire) {  // wire(n·count) in bf16, this rank's share at its place; read back when gathered
+        auto* wire = static_cast<uint16_t*>(store_.acquire(c.wire));
+        uint16_t* mine = wire + size_t(group(c.group).rank()) * size_t(c.count);
+        k_.to_bf16(mine, src, size_t(c.count));
+        post(group(c.group).all_gather_bf16(nullptr, wire, size_t(c.count), ctx));
+        return;
+      }
       post(group(c.group).all_gather(src, store_.f(c.buf) + c.offset, size_t(c.count), ctx));
       return;
     }
@@ -433,10 +440,16 @@ void Executor::execute(Stream& s, int32_t i) {
   complete(s, i);
 }
 
-// What a finished reduction leaves to do here: a bf16 result read back into fp32 (into the scratch, where there is
-// one), and a reduce-scatter's scratch added or copied into its destination.
+// What a finished collective leaves to do here: a bf16 result read back into fp32 (a reduction's into its scratch,
+// where there is one), and a reduce-scatter's scratch added or copied into its destination.
 void Executor::finish_collective(Op op, const CollectiveArgs& in) {
   float* dst = store_.f(in.buf) + in.offset + shard_offset(in.flags, kFlagBufShard, in.count, in.bucket);
+  if (op == Op::AllGather) {
+    if (in.flags & kFlagBf16Wire)
+      k_.from_bf16(store_.f(in.buf) + in.offset, static_cast<const uint16_t*>(store_.acquire(in.wire)),
+                   size_t(group(in.group).size()) * size_t(in.count));
+    return;
+  }
   if (in.flags & kFlagBf16Wire) {
     const auto* wire = static_cast<const uint16_t*>(store_.acquire(in.wire));
     const size_t received_at = op == Op::AllReduce ? 0 : size_t(group(in.group).size()) * size_t(in.count);

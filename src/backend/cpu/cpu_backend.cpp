@@ -133,6 +133,13 @@ class MpiCommunicator final : public Communicator {
                              MPI_FLOAT, comm_, &r));
     return std::make_unique<MpiHandle>(r);
   }
+  std::unique_ptr<CommHandle> all_gather_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                              StreamContext*) override {
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallgather(src ? static_cast<const void*>(src) : MPI_IN_PLACE, int(count), MPI_UINT16_T, dst,
+                             int(count), MPI_UINT16_T, comm_, &r));
+    return std::make_unique<MpiHandle>(r);
+  }
   std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext*,
                                               int32_t* received) override {
     return std::make_unique<RowsExchange>(comm_, rows_comm_, size_, src, dst, parts, width, received, rows_started_,

@@ -101,13 +101,13 @@ class HostStagedCommunicator final : public Communicator {
 
   // src(count) (or in place at dst + rank·count) → dst(size·count)
   std::unique_ptr<CommHandle> all_gather(const float* src, float* dst, size_t count, StreamContext* s) override {
-    cudaStream_t st = caller_stream(s);
-    const size_t one = count * sizeof(float), all = size_t(size_) * one;
-    std::vector<char> host(all);
-    to_host(host.data() + size_t(rank_) * one, src ? src : dst + size_t(rank_) * count, one, st);
-    MPI_Request r;
-    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, int(count), MPI_FLOAT, host.data(), int(count), MPI_FLOAT, comm_, &r));
-    return std::make_unique<StagedHandle>(r, std::move(host), 0, all, dst, st);
+    return staged_all_gather(src ? src : dst + size_t(rank_) * count, dst, count * sizeof(float), int(count), MPI_FLOAT,
+                             s);
+  }
+  std::unique_ptr<CommHandle> all_gather_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                              StreamContext* s) override {
+    return staged_all_gather(src ? src : dst + size_t(rank_) * count, dst, count * sizeof(uint16_t), int(count),
+                             MPI_UINT16_T, s);
   }
 
   // Counts first, then the rows, both blocking on this stream's thread (its communicator is its own).
@@ -173,6 +173,18 @@ class HostStagedCommunicator final : public Communicator {
     MPI_Request r;
     MPI_CHECK(MPI_Ireduce_scatter_block(host.data(), host.data() + in, count, type, op, comm_, &r));
     return std::make_unique<StagedHandle>(r, std::move(host), in, bytes, dst, st);
+  }
+
+  // this rank's `one` bytes at `mine` (count elements of `type`) → dst(size·one), through host memory
+  std::unique_ptr<CommHandle> staged_all_gather(const void* mine, void* dst, size_t one, int count, MPI_Datatype type,
+                                                StreamContext* s) {
+    cudaStream_t st = caller_stream(s);
+    const size_t all = size_t(size_) * one;
+    std::vector<char> host(all);
+    to_host(host.data() + size_t(rank_) * one, mine, one, st);
+    MPI_Request r;
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, count, type, host.data(), count, type, comm_, &r));
+    return std::make_unique<StagedHandle>(r, std::move(host), 0, all, dst, st);
   }
 
   int local(int world_rank) const {

@@ -59,6 +59,11 @@ class LocalCommunicator final : public Communicator {
     if (src) copy(dst, src, count * sizeof(float), s);
     return std::make_unique<QueuedHandle>();
   }
+  std::unique_ptr<CommHandle> all_gather_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                              StreamContext* s) override {
+    if (src) copy(dst, src, count * sizeof(uint16_t), s);
+    return std::make_unique<QueuedHandle>();
+  }
   // Every part stays here: dst = src, counts then rows (how many rows the counts say).
   std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext* s,
                                               int32_t* received) override {

@@ -220,6 +220,16 @@ class NcclCommunicator final : public Communicator {
     return end_collective(op);
   }
 
+  std::unique_ptr<CommHandle> all_gather_bf16(const uint16_t* src, uint16_t* dst, size_t count,
+                                              StreamContext* s) override {
+    if (count == 0) return std::make_unique<DoneHandle>();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto op = begin_collective(s);
+    const uint16_t* send = src ? src : dst + size_t(rank_) * count;
+    NCCL_CHECK(ncclAllGather(send, dst, count, ncclBfloat16, group().comm, group().stream));  // dst(size·count)
+    return end_collective(op);
+  }
+
   // Counts first (grouped send/recv of parts/size int32 per peer), read back to the host to size the rows,
   // then the rows as grouped send/recv. The calling stream thread waits for the counts.
   std::unique_ptr<CommHandle> all_to_all_rows(const void* src, void* dst, int parts, int width, StreamContext* s,

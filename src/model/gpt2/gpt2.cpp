@@ -49,9 +49,9 @@ Model build(const ModelSpec& s) {
     att.params = {
         m.add_param(b + "ln1.weight", {C}, InitKind::Ones, 0, false),
         m.add_param(b + "ln1.bias", {C}, InitKind::Zeros, 0, false),
-        m.add_param(b + "attn.qkv.weight", {3 * C, C}, InitKind::Normal, std, true),
+        m.add_matmul_weight(b + "attn.qkv.weight", {3 * C, C}, std),
         m.add_param(b + "attn.qkv.bias", {3 * C}, InitKind::Zeros, 0, false),
-        m.add_param(b + "attn.proj.weight", {C, C}, InitKind::Normal, proj_std, true),
+        m.add_matmul_weight(b + "attn.proj.weight", {C, C}, proj_std),
         m.add_param(b + "attn.proj.bias", {C}, InitKind::Zeros, 0, false),
     };
     PIPER_CHECK(att.params.size() == kAttentionParams, "gpt2 attention parameter list out of order");
@@ -63,9 +63,9 @@ Model build(const ModelSpec& s) {
     mlp.params = {
         m.add_param(b + "ln2.weight", {C}, InitKind::Ones, 0, false),
         m.add_param(b + "ln2.bias", {C}, InitKind::Zeros, 0, false),
-        m.add_param(b + "mlp.fc.weight", {F, C}, InitKind::Normal, std, true),
+        m.add_matmul_weight(b + "mlp.fc.weight", {F, C}, std),
         m.add_param(b + "mlp.fc.bias", {F}, InitKind::Zeros, 0, false),
-        m.add_param(b + "mlp.proj.weight", {C, F}, InitKind::Normal, proj_std, true),
+        m.add_matmul_weight(b + "mlp.proj.weight", {C, F}, proj_std),
         m.add_param(b + "mlp.proj.bias", {C}, InitKind::Zeros, 0, false),
     };
     PIPER_CHECK(mlp.params.size() == kMlpParams, "gpt2 MLP parameter list out of order");

@@ -134,14 +134,14 @@ Model build(const ModelSpec& s) {
   for (int l = 0; l < s.n_layers; ++l) {
     std::string b = cat("layers.", l, ".");
     Segment seg{l == 0 ? &first_layer_type() : &layer_type(), cat("layers.", l), l, {}, 0};
-    seg.params = {m.add_param(b + "weight", {s.d_hidden, in}, InitKind::Normal, float(gain / std::sqrt(double(in))), true),
+    seg.params = {m.add_matmul_weight(b + "weight", {s.d_hidden, in}, float(gain / std::sqrt(double(in)))),
                   m.add_param(b + "bias", {s.d_hidden}, InitKind::Zeros, 0, false)};
     seg.fwd_flops_per_sample = 2.0 * double(in) * s.d_hidden;
     m.segments.push_back(seg);
     in = s.d_hidden;
   }
   Segment head{&head_type(), "head", s.n_layers - 1, {}, 0};
-  head.params = {m.add_param("head.weight", {s.n_classes, in}, InitKind::Normal, float(gain / std::sqrt(double(in))), true),
+  head.params = {m.add_matmul_weight("head.weight", {s.n_classes, in}, float(gain / std::sqrt(double(in)))),
                  m.add_param("head.bias", {s.n_classes}, InitKind::Zeros, 0, false)};
   head.fwd_flops_per_sample = 2.0 * double(in) * s.n_classes;
   m.segments.push_back(head);

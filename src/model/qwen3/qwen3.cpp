@@ -97,15 +97,15 @@ Model build(const ModelSpec& s) {
   const int64_t V = s.vocab, T = s.seq_len, C = s.d_model, F = s.d_ff, L = s.n_layers;
   const int64_t D = s.head_dim, QD = int64_t(s.n_heads) * D, KD = int64_t(s.n_kv_heads) * D;
   const float std = 0.02f;
-  auto matrix = [&](const std::string& name, int64_t out, int64_t in) {
-    return m.add_param(name, {out, in}, InitKind::Normal, std, true);
+  auto matrix = [&](const std::string& name, int64_t out, int64_t in) {  // read by linear-layer matmuls only
+    return m.add_matmul_weight(name, {out, in}, std);
   };
   auto norm = [&](const std::string& name, int64_t width) {
     return m.add_param(name, {width}, InitKind::Ones, 0, false);
   };
 
   Segment emb{&embed_type(), "model.embed_tokens", 0, {}, 0};
-  const int embed = matrix("model.embed_tokens.weight", V, C);
+  const int embed = m.add_param("model.embed_tokens.weight", {V, C}, InitKind::Normal, std, true);  // rows looked up
   emb.params = {embed};
   m.segments.push_back(emb);
 
