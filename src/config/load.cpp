@@ -196,6 +196,14 @@ void load_optimizer(TomlReader& r, OptimizerSpec& o) {
   o.grad_clip = r.get_float("grad_clip", o.grad_clip, 0.0, INFINITY);
   o.warmup_steps = r.get_int("warmup_steps", o.warmup_steps, 0, INT64_MAX);
   o.decay_steps = r.get_int("decay_steps", o.decay_steps, 0, INT64_MAX);
+  const std::string schedule = r.get_string("schedule", lr_schedule_name(o.schedule), {"cosine", "linear", "constant", "wsd"});
+  for (LrSchedule s : {LrSchedule::Cosine, LrSchedule::Linear, LrSchedule::Constant, LrSchedule::Wsd})
+    if (schedule == lr_schedule_name(s)) o.schedule = s;
+  const bool fraction_given = r.get_node("decay_fraction") != nullptr;
+  o.decay_fraction = r.get_float("decay_fraction", o.decay_fraction, 0.0, 1.0);
+  if (fraction_given && o.schedule != LrSchedule::Wsd)
+    r.error_msg("decay_fraction", cat("decay_fraction is the decay phase of schedule = \"wsd\"; this schedule is \"",
+                                      schedule, "\""));
   if (o.min_lr > o.lr) r.error_msg("min_lr", cat("min_lr (", number_text(o.min_lr), ") must not exceed lr (", number_text(o.lr), ")"));
   r.finish();
 }

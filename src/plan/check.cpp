@@ -60,7 +60,8 @@ class PlanCheck {
     auto in = [](double x, double lo, double hi) { return std::isfinite(x) && x >= lo && x <= hi; };
     require(o.kind == "adamw" && in(o.lr, 0, 10) && o.lr > 0 && in(o.min_lr, 0, o.lr) && in(o.beta1, 0, 1) &&
                 in(o.beta2, 0, 1) && in(o.eps, 0, 1) && o.eps > 0 && in(o.weight_decay, 0, 10) &&
-                in(o.grad_clip, 0, INFINITY) && o.warmup_steps >= 0 && o.decay_steps >= 0,
+                in(o.grad_clip, 0, INFINITY) && o.warmup_steps >= 0 && o.decay_steps >= 0 &&
+                uint8_t(o.schedule) <= uint8_t(LrSchedule::Wsd) && in(o.decay_fraction, 0, 1),
             "optimizer settings out of range");
     const DataConfig& d = p_.data;
     require(d.kind == DataConfig::Kind::Tokens || d.kind == DataConfig::Kind::Synthetic, "unknown data kind");

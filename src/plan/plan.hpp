@@ -14,7 +14,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 17;
+constexpr uint32_t kPlanVersion = 18;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;

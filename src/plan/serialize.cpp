@@ -24,6 +24,8 @@ void put_optimizer(ByteWriter& w, const OptimizerConfig& o) {
   for (double x : {o.lr, o.min_lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip}) w.put(x);
   w.put(o.warmup_steps);
   w.put(o.decay_steps);
+  w.put(uint8_t(o.schedule));
+  w.put(o.decay_fraction);
 }
 
 OptimizerConfig get_optimizer(ByteReader& r) {
@@ -32,6 +34,8 @@ OptimizerConfig get_optimizer(ByteReader& r) {
   for (double* x : {&o.lr, &o.min_lr, &o.beta1, &o.beta2, &o.eps, &o.weight_decay, &o.grad_clip}) *x = r.get<double>();
   o.warmup_steps = r.get<int64_t>();
   o.decay_steps = r.get<int64_t>();
+  o.schedule = LrSchedule(r.get<uint8_t>());
+  o.decay_fraction = r.get<double>();
   return o;
 }
 

@@ -6,6 +6,18 @@
 
 namespace piper {
 
+// How the learning rate moves after warm-up (runtime/learning_rate.hpp).
+enum class LrSchedule : uint8_t { Cosine, Linear, Constant, Wsd };
+inline const char* lr_schedule_name(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::Cosine: return "cosine";
+    case LrSchedule::Linear: return "linear";
+    case LrSchedule::Constant: return "constant";
+    case LrSchedule::Wsd: return "wsd";
+  }
+  return "?";
+}
+
 struct OptimizerConfig {
   std::string kind = "adamw";
   double lr = 3e-4;
@@ -16,7 +28,9 @@ struct OptimizerConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   int64_t warmup_steps = 0;
-  int64_t decay_steps = 0;  // cosine horizon; 0 = job.steps
+  int64_t decay_steps = 0;  // where the decay reaches min_lr; 0 = job.steps
+  LrSchedule schedule = LrSchedule::Cosine;
+  double decay_fraction = 0.2;  // WSD: the last fraction of decay_steps spent decaying
 };
 
 }  // namespace piper
