@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "ckpt/file_writer.hpp"
@@ -48,6 +49,20 @@ const char* ckpt_tool_usage() {
 }
 
 namespace {
+
+// The lines of ckpt_tool_usage() that describe `cmd` (its synopsis and what follows it up to the next command), or
+// "" for no such command.
+std::string command_usage(const std::string& cmd) {
+  std::istringstream all(ckpt_tool_usage());
+  std::string line, out;
+  bool in = false;
+  while (std::getline(all, line)) {
+    const bool synopsis = line.size() > 2 && line[0] == ' ' && line[1] == ' ' && line[2] != ' ';
+    if (synopsis) in = line.compare(2, cmd.size() + 1, cmd + " ") == 0;
+    if (in && (synopsis || line.rfind("   ", 0) == 0)) out += line + "\n";
+  }
+  return out;
+}
 
 struct Args {
   std::vector<std::string> positional;
@@ -433,6 +448,13 @@ int ckpt_tool(const std::vector<std::string>& args) {
   }
   std::vector<std::string> words = args;
   const std::string cmd = words[0];
+  if (std::find(words.begin() + 1, words.end(), "--help") != words.end() ||
+      std::find(words.begin() + 1, words.end(), "-h") != words.end()) {
+    const std::string usage = command_usage(cmd);
+    if (usage.empty()) throw UserError(cat("unknown command '", cmd, "' (ls, show, diff, verify, meta, export, import)"));
+    std::printf("usage: piper-ckpt %s", usage.c_str() + 2);
+    return kExitOk;
+  }
   if (cmd == "ls") return cmd_ls(parse(words, 1, {}, {}));
   if (cmd == "show") return cmd_show(parse(words, 1, {"--stats", "--all"}, {"--slice"}));
   if (cmd == "diff") return cmd_diff(parse(words, 1, {}, {"--rtol", "--atol", "--only"}));

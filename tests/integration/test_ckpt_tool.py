@@ -49,7 +49,18 @@ def to_bf16(raw):
     return b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
 
 
+def help_per_command():
+    """piper-ckpt COMMAND --help prints that command's usage and exits 0."""
+    for cmd in ("ls", "show", "diff", "verify", "meta", "export", "import"):
+        out = piper_ckpt(cmd, "--help").stdout
+        if not out.startswith(f"usage: piper-ckpt {cmd} ") or "usage: piper-ckpt COMMAND" in out:
+            fail(f"piper-ckpt {cmd} --help printed:\n{out}")
+    piper_ckpt("export", "-h")
+    print("ok  piper-ckpt COMMAND --help (and -h): that command's usage, exit 0, for every command")
+
+
 def main():
+    help_per_command()
     d = tempdir()
     ck = os.path.join(d, "ck")
     cfg = write(d, "gpt.toml", tiny_gpt(steps=20) + f'\n[checkpoint]\ndir = "{ck}"\nevery = 10\nkeep = 5\n')

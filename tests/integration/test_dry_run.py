@@ -27,7 +27,7 @@ def check_fit_memory(d, cfg):
     # a limit a few sequences past one: the search must stop strictly inside it
     one, two = dry_peak(cfg, "data.batch=8"), dry_peak(cfg, "data.batch=16")  # 1 and 2 sequences per microbatch
     limit = int(one + 5.5 * (two - one))
-    fit = dry_run_json(cfg, "--world", "4", "--fit-memory", str(limit), timeout=120)["fit_memory"]
+    fit = dry_run_json(cfg, "--world", "4", "--fit-memory", f"{limit}B", timeout=120)["fit_memory"]
     if fit["batch_per_sequence"] != 8 or fit["limit_bytes"] != limit or not fit["replicated"]:
         fail(f"--fit-memory does not say how data.batch follows (4 microbatches x 2 replicas): {fit}")
     every = fit["rows"]
@@ -52,7 +52,7 @@ def check_fit_memory(d, cfg):
     print(f"ok  --fit-memory {limit} --json: per ZeRO level the largest fitting microbatch "
           f"({', '.join(str(r['sequences']) for r in rows)} sequences), each checked against dry runs at it and one more")
     # the table for people: its header and a row per level
-    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4", "--fit-memory", str(limit)],
+    p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--world", "4", "--fit-memory", f"{limit}B"],
                        capture_output=True, text=True, timeout=120)
     text_rows = [l.split() for l in p.stdout.splitlines() if l.split()[:1] in (["0"], ["1"], ["2"], ["3"]) and "rank" in l]
     if (p.returncode != 0 or "data.batch = sequences per microbatch x 8" not in p.stdout
@@ -60,7 +60,8 @@ def check_fit_memory(d, cfg):
                                                                      for r in every]):
         fail(f"--fit-memory as text ({p.returncode}) does not show the rows of --json {every}:\n{p.stdout}\n{p.stderr}")
     print("ok  --fit-memory as text: the same rows in a table")
-    for size, why in (("80 parsecs", "is not a memory size"), ("-1GiB", "is not a memory size")):
+    for size, why in (("80 parsecs", "is not a memory size"), ("-1GiB", "is not a memory size"),
+                      ("80", "'80' has no unit; say which (80GiB, 80GB, or 80B for bytes)")):
         p = subprocess.run([PIPER, "--config", cfg, "--dry-run", "--fit-memory", size], capture_output=True, text=True,
                            timeout=30)
         if p.returncode != 2 or why not in p.stderr or "--fit-memory" not in p.stderr:
@@ -68,7 +69,7 @@ def check_fit_memory(d, cfg):
     p = subprocess.run([PIPER, "--config", cfg, "--fit-memory", "1GiB"], capture_output=True, text=True, timeout=30)
     if p.returncode != 2 or "only works with --dry-run" not in p.stderr:
         fail(f"--fit-memory without --dry-run: exit {p.returncode}, {p.stderr!r}")
-    print("ok  --fit-memory: a bad size, or no --dry-run, exits 2 and says why")
+    print("ok  --fit-memory: a bad size, a size without a unit, or no --dry-run, exits 2 and says why")
 
 
 def main():
