@@ -7,7 +7,7 @@ namespace piper {
 
 CostModel CostModel::from_spec(const CostSpec& spec) {
   CostModel c;
-  c.name = spec.preset;
+  c.name = spec.preset_given || spec.preset == "cpu" ? spec.preset : spec.preset + " (the preset of backend = \"cuda\")";
   if (spec.preset == "h100" || spec.preset == "h200") {
     // fp32 without tensor cores (what the CUDA backend runs), NVLink 4 inside a node.
     c.flops = spec.preset == "h100" ? 5.0e13 : 5.5e13;

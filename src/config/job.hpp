@@ -140,7 +140,8 @@ struct Directive {
 
 struct CostSpec {
   bool present = false;
-  std::string preset = "cpu";   // cpu | h100 | h200
+  std::string preset = "cpu";   // cpu | h100 | h200; absent: h100 for backend = "cuda", else cpu
+  bool preset_given = false;    // [cost] preset was written (else it follows job.backend)
   double flops = 0;             // device FLOP/s; 0 = preset
   double p2p_bandwidth = 0;     // bytes/s; 0 = preset
   double collective_bandwidth = 0;

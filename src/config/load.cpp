@@ -280,6 +280,7 @@ void load_mesh(TomlReader& r, MeshSpec& m) {
 
 void load_cost(TomlReader& r, CostSpec& c) {
   c.present = true;
+  c.preset_given = r.get_node("preset") != nullptr;
   c.preset = r.get_string("preset", c.preset, {"cpu", "h100", "h200"});
   c.flops = r.get_float("flops", 0, 0, INFINITY);
   c.p2p_bandwidth = r.get_float("p2p_bandwidth", 0, 0, INFINITY);
@@ -515,6 +516,7 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
   with("checkpoint", [&](TomlReader& r) { load_checkpoint(r, spec.checkpoint, ctx); });
   with("mesh", [&](TomlReader& r) { load_mesh(r, spec.mesh); });
   with("cost", [&](TomlReader& r) { load_cost(r, spec.cost); });
+  if (!spec.cost.preset_given && spec.job.backend == "cuda") spec.cost.preset = "h100";  // not a CPU's rates
   if (const toml::array* a = array_of_tables(top, "annotate")) load_annotations(*a, spec, ctx);
   if (const toml::array* a = array_of_tables(top, "directive")) load_directives(*a, spec, ctx);
   top.finish();

@@ -130,6 +130,16 @@ def main():
         fail("a dry run wrote checkpoints or metrics")
     print("ok  --dry-run --world 4 --dump-plan: summary, graph (text, DOT), plans; nothing trained or written")
 
+    # a CUDA job's dry run predicts with a GPU's rates (H100, named), not the CPU's; a written preset wins
+    cpu_step = doc["cost_model"]["predicted_step"]
+    gpu = dry_run_json(cfg, "--world", "4", "--set", 'job.backend="cuda"')["cost_model"]
+    h200 = dry_run_json(cfg, "--world", "4", "--set", 'job.backend="cuda"', "--set", 'cost.preset="h200"')["cost_model"]
+    if (not gpu["name"].startswith('h100 (the preset of backend = "cuda")') or not h200["name"].startswith("h200:")
+            or not gpu["predicted_step"] < cpu_step / 2):
+        fail(f"a CUDA dry run's cost model: {gpu} (CPU job: {cpu_step} s a step), with preset h200: {h200}")
+    print(f"ok  a CUDA job's dry run predicts with {gpu['name'].split(':')[0]}: {gpu['predicted_step']:.3g} s a step "
+          f"against {cpu_step:.3g} s on the CPU model")
+
     # outside a launcher a dry run starts no MPI: an MPI that cannot start does not stop it
     env = dict(os.environ, OMPI_MCA_pml="does-not-exist")
     for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"):
