@@ -35,7 +35,8 @@ const char* ckpt_tool_usage() {
          "                                   a tensor's values (NAME: params/wte, adam_m/wte, or wte for params/wte),\n"
          "                                   or with --stats its min, max, mean, std, norm and non-finite count\n"
          "  diff A B [--rtol R] [--atol T] [--only PREFIX]\n"
-         "                                   per-tensor max abs and rel difference; exit 1 where |a-b| > T + R|b|\n"
+         "                                   per tensor the max abs difference and |a-b|/|b| (2-norms); the job lines\n"
+         "                                   that differ; exit 1 where an element has |a-b| > T + R|b|\n"
          "                                   (default 0 and 0: any difference), or a tensor is missing or reshaped\n"
          "  verify FILE|DIR                  checksums, readable finite tensors, step = name; exit 1 if any fails\n"
          "  meta FILE                        the job text, layout, model and data the file was written with\n"
@@ -60,6 +61,43 @@ std::string command_usage(const std::string& cmd) {
     const bool synopsis = line.size() > 2 && line[0] == ' ' && line[1] == ' ' && line[2] != ' ';
     if (synopsis) in = line.compare(2, cmd.size() + 1, cmd + " ") == 0;
     if (in && (synopsis || line.rfind("   ", 0) == 0)) out += line + "\n";
+  }
+  return out;
+}
+
+// The lines of a and b that differ, as "- line" (only in a) and "+ line" (only in b), in order, from a longest common
+// subsequence of lines; texts past 4,000 lines each are compared line by line at the same positions.
+std::string line_diff(const std::string& a, const std::string& b) {
+  auto lines = [](const std::string& t) {
+    std::vector<std::string> v;
+    std::istringstream in(t);
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    return v;
+  };
+  const std::vector<std::string> x = lines(a), y = lines(b);
+  const size_t n = x.size(), m = y.size();
+  std::string out;
+  if (n > 4000 || m > 4000) {
+    for (size_t i = 0; i < std::max(n, m); ++i) {
+      if (i < n && i < m && x[i] == y[i]) continue;
+      if (i < n) out += "- " + x[i] + "\n";
+      if (i < m) out += "+ " + y[i] + "\n";
+    }
+    return out;
+  }
+  std::vector<std::vector<uint16_t>> common(n + 1, std::vector<uint16_t>(m + 1, 0));  // LCS of x[i:], y[j:]
+  for (size_t i = n; i-- > 0;)
+    for (size_t j = m; j-- > 0;)
+      common[i][j] = x[i] == y[j] ? uint16_t(common[i + 1][j + 1] + 1) : std::max(common[i + 1][j], common[i][j + 1]);
+  size_t i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && x[i] == y[j]) {
+      ++i, ++j;
+    } else if (j == m || (i < n && common[i + 1][j] >= common[i][j + 1])) {
+      out += "- " + x[i++] + "\n";
+    } else {
+      out += "+ " + y[j++] + "\n";
+    }
   }
   return out;
 }
@@ -250,7 +288,8 @@ int cmd_diff(const Args& a) {
   for (auto& [k, _] : sa) all.insert(k);
   for (auto& [k, _] : sb) all.insert(k);
   int differing = 0;
-  std::printf("%-48s %14s %14s %12s\n", "tensor", "max abs diff", "max rel diff", "beyond tol");
+  // rel: ‖a − b‖₂ / ‖b‖₂ over the tensor, which elements near zero cannot blow up (an elementwise ratio would)
+  std::printf("%-48s %14s %14s %12s\n", "tensor", "max abs diff", "rel (norm)", "beyond tol");
   for (const std::string& p : all) {
     if (!sa.count(p) || !sb.count(p)) {
       std::printf("%-48s only in %s\n", p.c_str(), (sa.count(p) ? A : B).path().c_str());
@@ -263,26 +302,33 @@ int cmd_diff(const Args& a) {
       continue;
     }
     std::vector<float> x = A.read(p), y = B.read(p);
-    double max_abs = 0, max_rel = 0;
+    double max_abs = 0, diff_sq = 0, ref_sq = 0;
     int64_t beyond = 0;
     for (size_t i = 0; i < x.size(); ++i) {
+      ref_sq += double(y[i]) * double(y[i]);
       const double d = std::fabs(double(x[i]) - double(y[i]));
       const bool same = x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]));
       if (same) continue;
       max_abs = std::max(max_abs, std::isnan(d) ? std::numeric_limits<double>::infinity() : d);
-      if (y[i] != 0) max_rel = std::max(max_rel, d / std::fabs(double(y[i])));
+      diff_sq += std::isnan(d) ? std::numeric_limits<double>::infinity() : d * d;
       if (!(d <= atol + rtol * std::fabs(double(y[i])))) ++beyond;
     }
+    const double rel = diff_sq == 0 ? 0 : ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::numeric_limits<double>::infinity();
     if (beyond) ++differing;
-    std::printf("%-48s %14.6g %14.6g %12lld\n", p.c_str(), max_abs, max_rel, static_cast<long long>(beyond));
+    std::printf("%-48s %14.6g %14.6g %12lld\n", p.c_str(), max_abs, rel, static_cast<long long>(beyond));
   }
   std::map<std::string, std::string> b_attrs;
   for (const auto& at : B.attributes()) b_attrs[at.name] = at.value;
   for (const auto& at : A.attributes()) {
     if (at.name == "checksum") continue;
     const std::string other = b_attrs.count(at.name) ? b_attrs.at(at.name) : "<absent>";
-    if (other != at.value && at.value.find('\n') == std::string::npos)
+    if (other == at.value) continue;
+    if (at.value.find('\n') == std::string::npos && other.find('\n') == std::string::npos) {
       std::printf("attribute %s: %s against %s\n", at.name.c_str(), at.value.c_str(), other.c_str());
+      continue;
+    }
+    std::printf("attribute %s differs (- %s, + %s):\n%s", at.name.c_str(), A.path().c_str(), B.path().c_str(),
+                line_diff(at.value, other).c_str());
   }
   std::printf("%d of %zu tensors differ beyond atol %g + rtol %g * |b|\n", differing, all.size(), atol, rtol);
   return differing ? kExitFailure : kExitOk;

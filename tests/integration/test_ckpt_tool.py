@@ -98,6 +98,18 @@ def main():
     piper_ckpt("diff", s10, s20, "--atol", "100", want=0)
     piper_ckpt("diff", s10, s20, "--only", "params/", "--rtol", "0.5", want=1)
     print("ok  diff: identical files exit 0, trained-apart files exit 1, a wide --atol exits 0")
+    # the relative column is ‖a − b‖ / ‖b‖ per tensor: finite and small for biases that started at zero, where an
+    # elementwise ratio is unbounded; and the job texts' differing lines are shown
+    rows = {l.split()[0]: l.split() for l in out.splitlines() if l.startswith("params/")}
+    rel = float(rows["params/blocks.0.attn.qkv.bias"][2])
+    if not 0 < rel < 10:
+        fail(f"diff: relative difference of blocks.0.attn.qkv.bias between steps 10 and 20 is {rel}")
+    ck2 = os.path.join(d, "ck2")
+    run(1, cfg, "--set", "optimizer.lr=0.002", "--set", f'checkpoint.dir="{ck2}"', "--steps", "10")
+    out = piper_ckpt("diff", s10, os.path.join(ck2, "step_00000010.h5"), want=1).stdout
+    if "attribute job differs" not in out or "+ # --set optimizer.lr=0.002" not in out:
+        fail(f"diff of runs with another lr does not show the job line that differs:\n{out}")
+    print(f"ok  diff: relative column ‖a−b‖/‖b‖ ({rel:.3g} for a bias that started at 0); the job lines that differ")
 
     out = piper_ckpt("verify", ck).stdout
     if out.count("ok ") != 2 or "2 of 2 checkpoints verify" not in out:
