@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "app/metrics_file.hpp"
+#include "app/mfu_peak.hpp"
 #include "app/report.hpp"
 #include "app/routing_report.hpp"
 #include "app/run_report.hpp"
@@ -36,6 +37,22 @@
 namespace piper {
 
 namespace {
+
+// "1.4 GiB", "312 MiB": this rank's peak of piper's buffers, for the step line
+std::string memory_text(uint64_t bytes) {
+  char s[32];
+  if (bytes >= (uint64_t(1) << 30)) std::snprintf(s, sizeof(s), "%.1f GiB", double(bytes) / double(uint64_t(1) << 30));
+  else std::snprintf(s, sizeof(s), "%.0f MiB", double(bytes) / double(1 << 20));
+  return s;
+}
+
+// "0:01:23", "12:04:56" (hours, minutes, seconds)
+std::string duration_text(double seconds) {
+  const long long t = seconds > 0 && seconds < 1e9 ? static_cast<long long>(seconds + 0.5) : 0;
+  char s[32];
+  std::snprintf(s, sizeof(s), "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  return s;
+}
 
 // Compute threads per rank: the job's setting; else the CPUs Slurm gives each task; else this node's
 // usable cores divided by its ranks.
@@ -223,6 +240,12 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     std::printf("%s: %d rank%s, %s backend, %d thread%s per rank, steps %lld..%lld\n", plan.job_name.c_str(), plan.world,
                 plan.world == 1 ? "" : "s", backend->name().c_str(), threads, threads == 1 ? "" : "s",
                 static_cast<long long>(start), static_cast<long long>(end));
+  // the peak of MFU: rank 0's, for every rank; the others sleep while it measures (on the CPU)
+  MfuPeak peak;
+  if (rank == 0) peak = mfu_peak(plan, *backend);
+  broadcast_after_long_wait(&peak.flops, 1, MPI_DOUBLE, 0, world);
+  const double peak_flops = peak.flops * plan.world;
+  if (rank == 0) std::printf("MFU against %s\n", peak.what.c_str());
   if (rank == 0 && plan.precision == Precision::Bf16)
     std::printf("precision bf16: matmuls through %s; master weights, optimizer, norms, softmax and loss in fp32\n",
                 backend->kernels().bf16_matmul_path().c_str());
@@ -298,9 +321,14 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
     if (rank == 0) {
       const std::vector<LayerRouting> routing = routing_report(plan.segments, plan.dims, m.routing);
       if ((step + 1) % plan.log_every == 0 || step + 1 == end) {
-        std::printf("step %6lld | loss %.6f", static_cast<long long>(step + 1), m.loss);
+        // time left: the steps to go at the mean step time so far (this loop's, checkpoints included)
+        const double eta = (now_seconds() - loop_start) / double(step + 1 - start) * double(end - step - 1);
+        std::printf("step %6lld/%lld | loss %.6f", static_cast<long long>(step + 1), static_cast<long long>(end),
+                    m.loss);
         if (balance) std::printf(" (balance %.3e)", m.balance_loss);
-        std::printf(" | lr %.3e | %10.0f tok/s | %8.2f ms%s\n", m.lr, tokens_per_step / dt, dt * 1e3,
+        std::printf(" | lr %.3e | grad %8.4g | %10.0f tok/s | MFU %5.1f%% | %8.2f ms | %s | ETA %s%s\n", m.lr,
+                    m.grad_norm, tokens_per_step / dt, 100.0 * flops_per_step / dt / peak_flops, dt * 1e3,
+                    memory_text(ex.buffers().stats().peak_total).c_str(), duration_text(eta).c_str(),
                     routing_step_text(routing).c_str());
       }
       std::fflush(stdout);
@@ -312,7 +340,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                                         : "");
       std::fflush(stdout);
       if (metrics.is_open()) {
-        char line[320];
+        char line[512];
         std::string extra;
         if (balance)
           extra = cat(", \"xent\": ", json_number(m.loss - m.balance_loss), ", \"balance_loss\": ",
@@ -324,9 +352,11 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
           hardware = cat(", \"hardware_flops_per_s\": ", json_number(hardware_flops_per_step / dt));
         std::snprintf(line, sizeof(line),
                       "{\"step\": %lld, \"loss\": %s%s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens_per_s\": %.6g, "
-                      "\"ms\": %.6g, \"flops_per_s\": %.6g",
+                      "\"ms\": %.6g, \"flops_per_s\": %.6g, \"mfu\": %.6g, \"peak_bytes\": %llu",
                       static_cast<long long>(step + 1), json_number(m.loss).c_str(), extra.c_str(), m.lr,
-                      json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt);
+                      json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt,
+                      flops_per_step / dt / peak_flops,
+                      static_cast<unsigned long long>(ex.buffers().stats().peak_total));
         metrics << line << hardware << routing_json(routing) << "}\n" << std::flush;
         if (!metrics) {
           std::fprintf(stderr, "piper: error: --metrics %s: cannot write the line of step %lld: %s; the run ends "

@@ -25,6 +25,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.steps = spec.job.steps;
   p.watchdog_s = spec.job.watchdog_s;
   p.log_every = spec.job.log_every;
+  p.peak_tflops = spec.job.peak_tflops;
   p.skip_nonfinite = spec.job.on_nonfinite == "skip";
   p.max_skipped = spec.job.max_skipped;
   p.checkpoint_dir = spec.checkpoint.dir;

@@ -43,6 +43,7 @@ struct JobSection {
   int threads = 0;              // compute threads per rank; 0 = cores / ranks on the node
   double watchdog_s = 600;      // no instruction finished for this long during a step ends the job (exit 5); 0 = off
   int64_t log_every = 1;
+  double peak_tflops = 0;  // a rank's peak for the MFU of the step lines; 0: measured (CPU) or the GPU's (CUDA)
   std::string on_nonfinite = "stop";  // a non-finite loss or gradient norm: stop (exit 3) | skip the update
   int64_t max_skipped = 5;            // with "skip": stop after this many skipped steps in a row
 };

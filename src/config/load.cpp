@@ -153,6 +153,7 @@ void load_job_section(TomlReader& r, JobSection& j) {
   j.threads = int(r.get_int("threads", j.threads, 0, 1024));
   j.watchdog_s = r.get_float("watchdog_s", j.watchdog_s, 0, 1e9);
   j.log_every = r.get_int("log_every", j.log_every, 1, INT64_MAX);
+  j.peak_tflops = r.get_float("peak_tflops", j.peak_tflops, 0, 1e6);
   j.on_nonfinite = r.get_string("on_nonfinite", j.on_nonfinite, {"stop", "skip"});
   j.max_skipped = r.get_int("max_skipped", j.max_skipped, 1, INT64_MAX);
   r.finish();

@@ -56,6 +56,7 @@ class PlanCheck {
             "steps, log_every, max_skipped, checkpoint or threads out of range");
     require(p_.precision == Precision::Fp32 || p_.precision == Precision::Bf16, "precision out of range");
   require(std::isfinite(p_.watchdog_s) && p_.watchdog_s >= 0 && p_.watchdog_s <= 1e9, "watchdog_s out of range");
+  require(std::isfinite(p_.peak_tflops) && p_.peak_tflops >= 0 && p_.peak_tflops <= 1e6, "peak_tflops out of range");
     const OptimizerConfig& o = p_.optimizer;
     auto in = [](double x, double lo, double hi) { return std::isfinite(x) && x >= lo && x <= hi; };
     require(o.kind == "adamw" && in(o.lr, 0, 10) && o.lr > 0 && in(o.min_lr, 0, o.lr) && in(o.beta1, 0, 1) &&

@@ -14,7 +14,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 18;
+constexpr uint32_t kPlanVersion = 19;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -94,6 +94,7 @@ struct Plan {
   int64_t steps = 0;
   double watchdog_s = 0;  // job.watchdog_s; 0: no watchdog
   int64_t log_every = 1;
+  double peak_tflops = 0;  // job.peak_tflops
   bool skip_nonfinite = false;  // job.on_nonfinite = "skip"
   int64_t max_skipped = 5;
   std::string checkpoint_dir;

@@ -189,6 +189,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put(p.steps);
   w.put(p.watchdog_s);
   w.put(p.log_every);
+  w.put(p.peak_tflops);
   w.put<uint8_t>(p.skip_nonfinite ? 1 : 0);
   w.put(p.max_skipped);
   w.put_string(p.checkpoint_dir);
@@ -278,6 +279,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.steps = r.get<int64_t>();
   p.watchdog_s = r.get<double>();
   p.log_every = r.get<int64_t>();
+  p.peak_tflops = r.get<double>();
   p.skip_nonfinite = r.get<uint8_t>() != 0;
   p.max_skipped = r.get<int64_t>();
   p.checkpoint_dir = r.get_string();

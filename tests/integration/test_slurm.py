@@ -29,7 +29,7 @@ DOWN = os.path.join(SOURCE_DIR, "tools", "slurm-local-down.sh")
 SINGLE = os.path.join(SOURCE_DIR, "slurm", "single-node.sbatch")
 MULTI = os.path.join(SOURCE_DIR, "slurm", "multi-node.sbatch")
 
-STEP_LINE = re.compile(r"^step\s+(\d+)\s+\|\s+loss\s+(\S+)\s+\|", re.MULTILINE)
+STEP_LINE = re.compile(r"^step\s+(\d+)/\d+\s+\|\s+loss\s+(\S+)\s+\|", re.MULTILINE)
 ACTIVE_STATES = {"", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                  "RESIZING", "STAGE_OUT", "SIGNALING"}
 

@@ -39,7 +39,7 @@ def stopped_rank_job(d, name, ranks, stop_rank, sets):
     def read_stdout():
         for line in p.stdout:
             out.append(line)
-            if re.match(r"step\s+3 ", line):
+            if re.match(r"step\s+3/", line):
                 stepping.set()
 
     def read_stderr():
