@@ -13,7 +13,8 @@ PKGS=(g++ cmake make pkg-config
       libopenblas-dev
       libdnnl2   # oneDNN, loaded at run time: job.precision = "bf16" matmuls on processors with bf16 instructions
       fortunes-min fortunes
-      strace)   # the watchdog test holds a rank inside a checkpoint write (syscall delay injection)
+      strace    # the watchdog test holds a rank inside a checkpoint write (syscall delay injection)
+      python3-matplotlib)   # tools/plot-metrics.py draws with it
 PKGS+=("$@")
 
 missing=()

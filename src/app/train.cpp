@@ -357,7 +357,17 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                       json_number(m.grad_norm).c_str(), tokens_per_step / dt, dt * 1e3, flops_per_step / dt,
                       flops_per_step / dt / peak_flops,
                       static_cast<unsigned long long>(ex.buffers().stats().peak_total));
-        metrics << line << hardware << routing_json(routing) << "}\n" << std::flush;
+        if (metrics_is_csv(opts.metrics)) {
+          MetricsCsvRow row{step + 1, m.loss, m.lr, m.grad_norm, tokens_per_step / dt, dt * 1e3, flops_per_step / dt,
+                            flops_per_step / dt / peak_flops, ex.buffers().stats().peak_total};
+          row.balance = balance;
+          row.xent = m.loss - m.balance_loss;
+          row.balance_loss = m.balance_loss;
+          row.skipped = !m.finite;
+          metrics << metrics_csv_row(row) << '\n' << std::flush;
+        } else {
+          metrics << line << hardware << routing_json(routing) << "}\n" << std::flush;
+        }
         if (!metrics) {
           std::fprintf(stderr, "piper: error: --metrics %s: cannot write the line of step %lld: %s; the run ends "
                        "after the next step%s\n", opts.metrics.c_str(), static_cast<long long>(step + 1),
