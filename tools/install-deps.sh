@@ -9,6 +9,7 @@ PKGS=(g++ cmake make pkg-config
       libhdf5-dev hdf5-tools
       libboost-program-options-dev
       libtomlplusplus-dev
+      libxxhash-dev   # XXH64, the checkpoints' block hashes
       catch2
       libopenblas-dev
       libdnnl2   # oneDNN, loaded at run time: job.precision = "bf16" matmuls on processors with bf16 instructions

@@ -2,9 +2,12 @@
 // that root attributes and dataset digests feed into the file checksum.
 #include "ckpt/checksum.hpp"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "ckpt/hdf5_util.hpp"
 
@@ -29,84 +32,20 @@ void Fnv1a64::add_string(const std::string& s) {
   add(s.data(), s.size());
 }
 
-namespace {
-
-constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full, kP3 = 0x165667B19E3779F9ull,
-                   kP4 = 0x85EBCA77C2B2AE63ull, kP5 = 0x27D4EB2F165667C5ull;
-
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t read64(const unsigned char* p) {  // little-endian, as every supported host is
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-inline uint32_t read32(const unsigned char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl(acc + input * kP2, 31) * kP1; }
-inline uint64_t xxh_merge(uint64_t h, uint64_t acc) { return (h ^ xxh_round(0, acc)) * kP1 + kP4; }
-
-// Consumes whole 32-byte stripes of p[0, n); returns the bytes consumed.
-size_t consume_stripes(uint64_t* acc, const unsigned char* p, size_t n) {
-  uint64_t a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = xxh_round(a0, read64(p + i));
-    a1 = xxh_round(a1, read64(p + i + 8));
-    a2 = xxh_round(a2, read64(p + i + 16));
-    a3 = xxh_round(a3, read64(p + i + 24));
-  }
-  acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
-  return i;
+Xxh64::Xxh64() : state_(XXH64_createState()) {
+  if (!state_) throw std::bad_alloc();
+  reset();
 }
 
-}  // namespace
+Xxh64::~Xxh64() { XXH64_freeState(state_); }
 
-void Xxh64::reset() {
-  acc_[0] = kP1 + kP2, acc_[1] = kP2, acc_[2] = 0, acc_[3] = 0 - kP1;
-  buffered_ = 0, total_ = 0;
-}
+void Xxh64::reset() { XXH64_reset(state_, 0); }
 
 void Xxh64::add(const void* data, size_t n) {
-  if (n == 0) return;  // (data may be null then: memcpy must not see it)
-  const auto* p = static_cast<const unsigned char*>(data);
-  total_ += n;
-  if (buffered_ > 0) {  // complete the stripe begun by an earlier piece
-    const size_t take = std::min(n, sizeof(stripe_) - buffered_);
-    std::memcpy(stripe_ + buffered_, p, take);
-    buffered_ += take, p += take, n -= take;
-    if (buffered_ < sizeof(stripe_)) return;
-    consume_stripes(acc_, stripe_, sizeof(stripe_));
-    buffered_ = 0;
-  }
-  const size_t done = consume_stripes(acc_, p, n);
-  std::memcpy(stripe_, p + done, n - done);
-  buffered_ = n - done;
+  if (n > 0) XXH64_update(state_, data, n);  // (data may be null when n is 0)
 }
 
-uint64_t Xxh64::value() const {
-  uint64_t h;
-  if (total_ >= 32) {
-    h = rotl(acc_[0], 1) + rotl(acc_[1], 7) + rotl(acc_[2], 12) + rotl(acc_[3], 18);
-    for (uint64_t a : acc_) h = xxh_merge(h, a);
-  } else {
-    h = kP5;  // the seed (0) + PRIME64_5
-  }
-  h += total_;
-  const unsigned char* p = stripe_;
-  size_t n = buffered_;
-  for (; n >= 8; p += 8, n -= 8) h = rotl(h ^ xxh_round(0, read64(p)), 27) * kP1 + kP4;
-  if (n >= 4) h = rotl(h ^ (uint64_t(read32(p)) * kP1), 23) * kP2 + kP3, p += 4, n -= 4;
-  for (; n > 0; ++p, --n) h = rotl(h ^ (uint64_t(*p) * kP5), 11) * kP1;
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return h;
-}
+uint64_t Xxh64::value() const { return XXH64_digest(state_); }
 
 uint64_t block_hash(const void* data, size_t n) {
   Xxh64 h;

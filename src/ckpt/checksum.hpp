@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+struct XXH64_state_s;  // libxxhash's streaming state (xxhash.h)
+
 namespace piper {
 
 // FNV-1a, 64 bits: offset basis 0xcbf29ce484222325, prime 0x100000001b3.
@@ -23,20 +25,20 @@ class Fnv1a64 {
   uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
-// XXH64 (seed 0), the hash of xxHash (github.com/Cyan4973/xxHash, its spec doc/xxhash_spec.md), fed in
-// pieces of any size: the same value as the one-shot hash of all the bytes together. About 10 GB/s.
+// XXH64 (seed 0), the hash of xxHash (github.com/Cyan4973/xxHash, its spec doc/xxhash_spec.md) through libxxhash,
+// fed in pieces of any size: the same value as the one-shot hash of all the bytes together. About 10 GB/s.
 class Xxh64 {
  public:
-  Xxh64() { reset(); }
+  Xxh64();
+  ~Xxh64();
+  Xxh64(const Xxh64&) = delete;
+  Xxh64& operator=(const Xxh64&) = delete;
   void reset();
   void add(const void* data, size_t n);
   uint64_t value() const;
 
  private:
-  uint64_t acc_[4];
-  unsigned char stripe_[32];  // the bytes of a stripe not yet consumed
-  size_t buffered_ = 0;
-  uint64_t total_ = 0;
+  ::XXH64_state_s* state_;
 };
 
 // The hash of one block of a tensor (format version 3): XXH64 of its bytes.
