@@ -10,6 +10,7 @@ PKGS=(g++ cmake make pkg-config
       libboost-program-options-dev
       libtomlplusplus-dev
       libxxhash-dev   # XXH64, the checkpoints' block hashes
+      nlohmann-json3-dev   # JSON read from files (safetensors headers)
       catch2
       libopenblas-dev
       libdnnl2   # oneDNN, loaded at run time: job.precision = "bf16" matmuls on processors with bf16 instructions

@@ -1,5 +1,5 @@
-// safetensors reading and writing (see safetensors.hpp), with the small JSON subset its header uses:
-// objects, arrays, strings, integers.
+// safetensors reading and writing (see safetensors.hpp); the JSON header through nlohmann-json, in the file's
+// order.
 #include "ckpt/safetensors.hpp"
 
 #include <fcntl.h>
@@ -14,6 +14,8 @@
 #include <fstream>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "util/error.hpp"
 #include "util/precision.hpp"
 
@@ -24,157 +26,13 @@ static_assert(std::endian::native == std::endian::little, "safetensors stores li
 
 namespace {
 
-// ---- JSON: just what a safetensors header holds ----
-struct Json {
-  enum Kind { Object, Array, String, Number, Literal } kind = Literal;
-  std::string text;                                  // String: the value; Number/Literal: as written
-  std::vector<std::string> keys;                     // Object: keys[i] names values[i]
-  std::vector<Json> values;
-  std::vector<Json> items;                           // Array
-};
-
-class JsonParser {
- public:
-  JsonParser(const std::string& s, const std::string& file) : s_(s), file_(file) {}
-  Json document() {
-    Json v = value(0);
-    skip();
-    if (i_ != s_.size()) fail("text after the header's JSON object");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) {
-    throw UserError(cat(file_, ": safetensors header, byte ", i_, ": ", what));
-  }
-  void skip() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
-  }
-  void expect(char c) {
-    skip();
-    if (i_ >= s_.size() || s_[i_] != c) fail(cat("expected '", c, "'"));
-    ++i_;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      char c = s_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) fail("unterminated escape");
-      char e = s_[i_++];
-      switch (e) {
-        case '"': case '\\': case '/': out += e; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          if (i_ + 4 > s_.size()) fail("short \\u escape");
-          unsigned cp = 0;
-          for (int k = 0; k < 4; ++k) {
-            char h = s_[i_++];
-            cp = cp * 16 + unsigned(std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
-                                    : (h >= 'a' && h <= 'f')                    ? h - 'a' + 10
-                                    : (h >= 'A' && h <= 'F')                    ? h - 'A' + 10
-                                                                                : (fail("bad \\u escape"), 0));
-          }
-          if (cp < 0x80) {
-            out += char(cp);
-          } else if (cp < 0x800) {
-            out += char(0xC0 | (cp >> 6)), out += char(0x80 | (cp & 0x3F));
-          } else {
-            out += char(0xE0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-          }
-          break;
-        }
-        default: fail(cat("unknown escape \\", e));
-      }
-    }
-  }
-  Json value(int depth) {
-    if (depth > 16) fail("nested too deeply");
-    skip();
-    if (i_ >= s_.size()) fail("unexpected end");
-    Json v;
-    char c = s_[i_];
-    if (c == '{') {
-      v.kind = Json::Object;
-      ++i_;
-      skip();
-      if (i_ < s_.size() && s_[i_] == '}') return ++i_, v;
-      while (true) {
-        std::string key = string();
-        expect(':');
-        v.keys.push_back(key);
-        v.values.push_back(value(depth + 1));
-        skip();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
-        expect('}');
-        return v;
-      }
-    }
-    if (c == '[') {
-      v.kind = Json::Array;
-      ++i_;
-      skip();
-      if (i_ < s_.size() && s_[i_] == ']') return ++i_, v;
-      while (true) {
-        v.items.push_back(value(depth + 1));
-        skip();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
-        expect(']');
-        return v;
-      }
-    }
-    if (c == '"') {
-      v.kind = Json::String;
-      v.text = string();
-      return v;
-    }
-    size_t b = i_;
-    while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '-' || s_[i_] == '+' ||
-                              s_[i_] == '.'))
-      ++i_;
-    if (b == i_) fail(cat("unexpected character '", c, "'"));
-    v.text = s_.substr(b, i_ - b);
-    v.kind = (std::isdigit(static_cast<unsigned char>(v.text[0])) || v.text[0] == '-') ? Json::Number : Json::Literal;
-    return v;
-  }
-  const std::string& s_;
-  const std::string& file_;
-  size_t i_ = 0;
-};
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\', out += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", unsigned(c));
-      out += b;
-    } else out += c;
-  }
-  return out + "\"";
-}
+using Json = nlohmann::ordered_json;  // keeps the header's order: tensors are listed as the file lists them
 
 // A non-negative integer below 2^62, or -1.
 int64_t json_count(const Json& v) {
-  if (v.kind != Json::Number || v.text.empty() || v.text.size() > 18) return -1;
-  int64_t n = 0;
-  for (char c : v.text) {
-    if (c < '0' || c > '9') return -1;
-    n = n * 10 + (c - '0');
-  }
-  return n;
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) return -1;
+  const uint64_t n = v.get<uint64_t>();
+  return n < (uint64_t(1) << 62) ? int64_t(n) : -1;
 }
 
 template <typename T>
@@ -196,27 +54,22 @@ float half_to_float(uint16_t h) {
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata, bool bf16) {
   const uint64_t width = bf16 ? 2 : 4;
-  std::string header = "{";
-  bool first = true;
+  Json doc = Json::object();
   if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    for (auto it = metadata.begin(); it != metadata.end(); ++it)
-      header += cat(it == metadata.begin() ? "" : ",", json_string(it->first), ":", json_string(it->second));
-    header += "}";
-    first = false;
+    Json meta = Json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    doc["__metadata__"] = meta;
   }
   uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     PIPER_CHECK(numel == int64_t(t.data.size()), "tensor ", t.name, " has ", t.data.size(), " values for ", numel);
-    header += cat(first ? "" : ",", json_string(t.name), ":{\"dtype\":\"", bf16 ? "BF16" : "F32", "\",\"shape\":[");
-    for (size_t i = 0; i < t.shape.size(); ++i) header += cat(i ? "," : "", t.shape[i]);
-    header += cat("],\"data_offsets\":[", offset, ",", offset + uint64_t(numel) * width, "]}");
-    offset += uint64_t(numel) * width;
-    first = false;
+    const uint64_t end = offset + uint64_t(numel) * width;
+    doc[t.name] = Json{{"dtype", bf16 ? "BF16" : "F32"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+    offset = end;
   }
-  header += "}";
+  std::string header = doc.dump();
   while (header.size() % 8) header += ' ';  // the data starts 8-byte aligned
   const fs::path final_path(path);
   const fs::path tmp = final_path.parent_path() / ("." + final_path.filename().string() + ".tmp");
@@ -267,8 +120,13 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::string header(n, '\0');
   if (!in.read(header.data(), std::streamsize(n))) throw UserError(cat(path, ": header cannot be read"));
   while (!header.empty() && header.back() == ' ') header.pop_back();
-  Json doc = JsonParser(header, path).document();
-  if (doc.kind != Json::Object) throw UserError(cat(path, ": safetensors header is not a JSON object"));
+  Json doc;
+  try {
+    doc = Json::parse(header);
+  } catch (const Json::parse_error& e) {
+    throw UserError(cat(path, ": safetensors header is not one JSON object with nothing after it (", e.what(), ")"));
+  }
+  if (!doc.is_object()) throw UserError(cat(path, ": safetensors header is not a JSON object"));
   const uint64_t data_bytes = size - 8 - n;
   SafetensorsFile out;
   struct Range {
@@ -278,50 +136,47 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::vector<Range> ranges;
   std::vector<std::pair<std::string, std::string>> dtypes;  // name, dtype
   std::vector<uint64_t> begins;
-  for (size_t m = 0; m < doc.keys.size(); ++m) {
-    const std::string& name = doc.keys[m];
-    const Json& v = doc.values[m];
-    if (name == "__metadata__") {
-      if (v.kind != Json::Object) throw UserError(cat(path, ": __metadata__ is not an object"));
-      for (size_t k = 0; k < v.keys.size(); ++k) {
-        if (v.values[k].kind != Json::String)
-          throw UserError(cat(path, ": __metadata__ value '", v.keys[k], "' is not a string"));
-        out.metadata[v.keys[k]] = v.values[k].text;
+  try {  // a value of an unexpected type is refused by the checks below; any other error of the library here too
+    for (const auto& [name, v] : doc.items()) {
+      if (name == "__metadata__") {
+        if (!v.is_object()) throw UserError(cat(path, ": __metadata__ is not an object"));
+        for (const auto& [key, value] : v.items()) {
+          if (!value.is_string()) throw UserError(cat(path, ": __metadata__ value '", key, "' is not a string"));
+          out.metadata[key] = value.get<std::string>();
+        }
+        continue;
       }
-      continue;
+      auto where = [&](const std::string& what) { return UserError(cat(path, ": tensor '", name, "': ", what)); };
+      if (!v.is_object()) throw where("its entry is not an object");
+      const Json* dtype = v.contains("dtype") ? &v["dtype"] : nullptr;
+      const Json* shape = v.contains("shape") ? &v["shape"] : nullptr;
+      const Json* offsets = v.contains("data_offsets") ? &v["data_offsets"] : nullptr;
+      if (!dtype || !dtype->is_string()) throw where("no dtype string");
+      if (!shape || !shape->is_array()) throw where("no shape array");
+      if (!offsets || !offsets->is_array() || offsets->size() != 2) throw where("no data_offsets pair");
+      NamedTensor t;
+      t.name = name;
+      uint64_t numel = 1;
+      for (const Json& d : *shape) {
+        int64_t k = json_count(d);
+        if (k < 0) throw where("a dimension of its shape is not a non-negative integer");
+        t.shape.push_back(k);
+        numel = (k != 0 && numel > (uint64_t(1) << 40) / uint64_t(k)) ? (uint64_t(1) << 41) : numel * uint64_t(k);
+      }
+      const std::string dt = dtype->get<std::string>();
+      const uint64_t width = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : dt == "F64" ? 8 : 0;
+      if (width == 0) throw where(cat("dtype ", dt, " is not one piper-ckpt reads (F32, F16, BF16, F64)"));
+      const int64_t b = json_count((*offsets)[0]), e = json_count((*offsets)[1]);
+      if (b < 0 || e < b || uint64_t(e) > data_bytes)
+        throw where(cat("data_offsets ", offsets->dump(), " are outside the ", data_bytes, " bytes of data"));
+      if (uint64_t(e - b) != numel * width)
+        throw where(cat("holds ", e - b, " bytes but dtype ", dt, " and its shape need ", numel * width));
+      ranges.push_back({uint64_t(b), uint64_t(e), name});
+      dtypes.emplace_back(name, dt);
+      out.tensors.push_back(std::move(t));
     }
-    auto where = [&](const std::string& what) { return UserError(cat(path, ": tensor '", name, "': ", what)); };
-    if (v.kind != Json::Object) throw where("its entry is not an object");
-    const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
-    for (size_t k = 0; k < v.keys.size(); ++k) {
-      if (v.keys[k] == "dtype") dtype = &v.values[k];
-      else if (v.keys[k] == "shape") shape = &v.values[k];
-      else if (v.keys[k] == "data_offsets") offsets = &v.values[k];
-    }
-    if (!dtype || dtype->kind != Json::String) throw where("no dtype string");
-    if (!shape || shape->kind != Json::Array) throw where("no shape array");
-    if (!offsets || offsets->kind != Json::Array || offsets->items.size() != 2) throw where("no data_offsets pair");
-    NamedTensor t;
-    t.name = name;
-    uint64_t numel = 1;
-    for (const Json& d : shape->items) {
-      int64_t k = json_count(d);
-      if (k < 0) throw where("a dimension of its shape is not a non-negative integer");
-      t.shape.push_back(k);
-      numel = (k != 0 && numel > (uint64_t(1) << 40) / uint64_t(k)) ? (uint64_t(1) << 41) : numel * uint64_t(k);
-    }
-    const std::string& dt = dtype->text;
-    const uint64_t width = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : dt == "F64" ? 8 : 0;
-    if (width == 0) throw where(cat("dtype ", dt, " is not one piper-ckpt reads (F32, F16, BF16, F64)"));
-    const int64_t b = json_count(offsets->items[0]), e = json_count(offsets->items[1]);
-    if (b < 0 || e < b || uint64_t(e) > data_bytes)
-      throw where(cat("data_offsets [", offsets->items[0].text, ", ", offsets->items[1].text, "] are outside the ",
-                      data_bytes, " bytes of data"));
-    if (uint64_t(e - b) != numel * width)
-      throw where(cat("holds ", e - b, " bytes but dtype ", dt, " and its shape need ", numel * width));
-    ranges.push_back({uint64_t(b), uint64_t(e), name});
-    dtypes.emplace_back(name, dt);
-    out.tensors.push_back(std::move(t));
+  } catch (const Json::exception& e) {
+    throw UserError(cat(path, ": safetensors header: ", e.what()));
   }
   std::vector<Range> sorted = ranges;
   std::sort(sorted.begin(), sorted.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });

@@ -91,7 +91,8 @@ TEST_CASE("malformed safetensors files are refused with the file named", "[safet
   const std::vector<Case> cases = {
       {"header longer than the file", "{}", "", 1000, "header length"},
       {"not JSON", "{\"a\": [1, 2", four, -1, "safetensors header"},
-      {"text after the object", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x)", four, -1, "after"},
+      {"text after the object", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x)", four, -1,
+       "nothing after it"},
       {"offsets past the data", R"({"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}})", four, -1, "outside"},
       {"size not dtype x shape", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", four, -1, "need"},
       {"overlapping tensors",
