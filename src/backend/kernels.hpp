@@ -35,9 +35,10 @@ class Kernels {
   // tools; backends ignore it.
   virtual void begin_region(const char* name) { (void)name; }
 
-  // How the matmuls of linear layers (linear_* and the grouped calls) take their operands. Fp32 (the default): as
-  // they are. Bf16: both operands rounded to bf16 (nearest, ties to even) and multiplied with fp32 accumulation into
-  // the fp32 output, as a bf16 mixed-precision run's matmuls. Set before the first call.
+  // How the matmuls of linear layers (linear_* and the grouped calls) and the products inside the attention calls
+  // (attention_*, gqa_attention_*: see there) take their operands. Fp32 (the default): as they are. Bf16: both
+  // operands rounded to bf16 (nearest, ties to even) and multiplied with fp32 accumulation into the fp32 output, as
+  // a bf16 mixed-precision run's matmuls; everything else stays fp32. Set before the first call.
   virtual void set_matmul_precision(Precision p) = 0;
   // How this backend runs bf16 matmuls, in words (the library, the instructions): printed at start.
   virtual std::string bf16_matmul_path() const = 0;
@@ -89,6 +90,16 @@ class Kernels {
   virtual void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                          const float* rstd, int N, int C, bool accumulate) = 0;
 
+  // The attention calls in bf16 matmul precision (set_matmul_precision): every product inside them takes
+  // bf16-rounded operands and accumulates in fp32. Forward: S = Q·Kᵀ (Q, K rounded; the scale applied to the fp32
+  // sums), Y = P·V (P and V rounded). Backward: dP = dY·Vᵀ, dV = Pᵀ·dY, dQ = dS·K, dK = dSᵀ·Q (every operand
+  // rounded; scale as in the forward). The softmax, its statistics (max, sum, lse, and Σ_j P·dP, which the
+  // grouped-query backward takes as dy·y from the unrounded dy and the forward's y), the stored probabilities att,
+  // dS = P ⊙ (dP − Σ_j P·dP) before its rounding, and every output stay fp32. Where P is rounded may differ: after
+  // the normalisation (CPU, GPT-2 on CUDA) or, in a flash kernel, exp(s − running max) before the division by the
+  // sum (grouped-query attention on CUDA, head dimensions up to 128; above, the fp32 kernels on rounded q, k, v, dy,
+  // which leave P and dS unrounded). The scratch sizes do not depend on the precision. In fp32 nothing changes.
+  //
   // Causal multi-head self-attention. qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) keeps the probabilities.
   virtual void attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
   // dqkv(B,T,3C) = backward of attention given dy(B,T,C). scratch: attention_scratch_floats(...) floats.

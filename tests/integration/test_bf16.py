@@ -1,13 +1,14 @@
 """bf16 mixed precision (job.precision = "bf16"): every strategy of a bf16 run equals the one-process bf16 run.
 
-The matmuls of linear layers take bf16-rounded operands with fp32 accumulation, and the blocks' stashes (with
-their inputs) are held in bf16; master weights, optimizer, norms, softmax and loss stay fp32. Tolerance: bf16
+The matmuls of linear layers and of attention take bf16-rounded operands with fp32 accumulation, and the blocks'
+stashes (with their inputs) are held in bf16; master weights, optimizer, norms, softmax and loss stay fp32. Tolerance: bf16
 rounding turns an fp32 last-bit difference (a reduction in another order, which fp32 keeps near 1e-8 over 20
 steps) into a bf16 last-bit flip, 2^16 times larger, with a probability of about 2^-16 per rounded value, and each
 flip grows like any perturbation of training; measured, strategies stay within 5e-6 to 1.5e-4 of one process over
 20 steps, and are held to 5e-4 here. That each ran in bf16 is checked at step 1, before any update: there every
-strategy gives the one-process bf16 loss within 1e-6 (measured: the same bits, and 2e-7 under TP2, whose split
-products sum in another order), while the fp32 run is 2e-6 and more away (measured 2.9e-6 and 3.5e-6); after 20
+strategy gives the one-process bf16 loss within 1e-7 (measured: the same bits, and 1.8e-9 under TP2, whose split
+products sum in another order), while the fp32 run is 1.5e-7 and more away (measured 3.3e-6 for GPT-2, 5.7e-7 for
+Qwen3, whose roundings happen to cancel more at step 1 now that attention's are among them); after 20
 steps the bf16 loss is within 2% of the fp32 loss (bench/bf16.py --curves compares 300 steps on 3 seeds).
 
 Compared: GPT-2 DP2, PP2 x DP2 under 1F1B and DualPipeV, DP2 ZeRO-3, PP2 under ZB-H1 (backward input and weight
@@ -22,7 +23,7 @@ import subprocess
 from common import PIPER, compare, fail, losses, mesh, run, tempdir, tiny_gpt, tiny_qwen3, tiny_qwen3_moe, write
 
 RTOL_BF16 = 5e-4
-STEP_ONE = 1e-6  # at step 1 a strategy of the bf16 run is the one-process bf16 run; fp32 is further than 2e-6
+STEP_ONE = 1e-7  # at step 1 a strategy of the bf16 run is the one-process bf16 run; fp32 is further than 1.5e-7
 
 
 def same_run(name, ref, got):
@@ -31,6 +32,7 @@ def same_run(name, ref, got):
     compare(name, ref, got, RTOL_BF16)
     if abs(got[0] - ref[0]) > STEP_ONE * abs(ref[0]):
         fail(f"{name}: step 1 loss {got[0]!r} is not the one-process bf16 loss {ref[0]!r} (within {STEP_ONE})")
+    print(f"    step 1: {abs(got[0] - ref[0]) / abs(ref[0]):.2e} from the one-process bf16 loss")
 
 
 def bf16(text):
@@ -77,7 +79,7 @@ def main():
     for label, text, bf in (("GPT-2", tiny_gpt(), ref), ("Qwen3", q, qref)):
         fp32, _ = train(d, f"{label}-fp32", text)
         away = abs(bf[0] - fp32[0]) / abs(fp32[0])
-        if away < 2 * STEP_ONE:
+        if away < 1.5 * STEP_ONE:
             fail(f"{label}: at step 1 the bf16 run is only {away:.2e} from the fp32 run: bf16 did not take effect")
         if abs(bf[-1] - fp32[-1]) > 0.02 * fp32[-1]:
             fail(f"{label}: after {len(bf)} steps the bf16 loss {bf[-1]} is not within 2% of fp32's {fp32[-1]}")

@@ -1,6 +1,7 @@
-// Kernel cases of a bf16 run: its matmuls (Kernels::set_matmul_precision(Bf16)), the linear calls with both operands
-// rounded to bf16 and fp32 accumulation, against double products of the rounded operands; and its stashes, stored
-// in bf16 and read back (to_bf16, from_bf16), to the bit of util/precision.hpp's rounding.
+// Kernel cases of a bf16 run: its matmuls (Kernels::set_matmul_precision(Bf16)), the linear calls and the products
+// inside the attention calls with both operands rounded to bf16 and fp32 accumulation, against double products of
+// the rounded operands; and its stashes, stored in bf16 and read back (to_bf16, from_bf16), to the bit of
+// util/precision.hpp's rounding.
 #include <cmath>
 
 #include "kernel_cases.hpp"
@@ -215,12 +216,345 @@ void bf16_storage_cases(std::vector<KernelCase>& cases) {
   }
 }
 
+// ---- attention in bf16 matmul precision (kernels.hpp): every product on rounded operands, the rest fp32 ----
+
+// The double references below round what the kernels round. A kernel rounds fp32 values that carry their own errors
+// (fp32 sums, exp), so near a tie it may round to the other neighbour: `doubt` is the bf16 step that x may take the
+// other way when the kernel's value lies within `window` of x (0 almost always).
+double rounded(double x) { return double(round_bf16(float(x))); }
+double doubt(double x, double window) { return std::abs(rounded(x + window) - rounded(x - window)); }
+
+// Relative size of a kernel's fp32 error in P before its rounding (exp of scores summed in fp32 from |q|, |k| ≤ 2):
+// a few 1e-7, taken generously.
+constexpr double kProbWindow = 3e-5;
+// The CPU against the double reference of the rounded operands: fp32 sums only (the products are exact).
+constexpr double kRoundedRtol = 1e-4;
+
+// Per element: max(|want|, 1% of the largest |want|) plus the rounding steps a kernel may take the other way,
+// divided by the tolerance, so that a comparison at kRoundedRtol allows those steps in full and nothing more.
+std::vector<double> doubt_scale(const std::vector<double>& want, const std::vector<double>& doubts) {
+  double peak = 0;
+  for (double w : want) peak = std::max(peak, std::abs(w));
+  std::vector<double> s(want.size());
+  for (size_t k = 0; k < want.size(); ++k) s[k] = std::max(std::abs(want[k]), 1e-2 * peak) + doubts[k] / kRoundedRtol;
+  return s;
+}
+
+// Rows of a (T, D) matrix inside a tensor: element (t, c) at base + t · stride + c.
+struct RowsView {
+  size_t base, stride;
+  size_t at(int t, int c) const { return base + size_t(t) * stride + size_t(c); }
+};
+
+// One causal head in bf16 matmul precision, in double from rounded q, k, v (rq, rk, rv: whole tensors rounded):
+// P = softmax(scale · q kᵀ); y += round(P) · v into y at yv, with the doubt of each element; att(T,T) and lse(T)
+// where not null.
+void bf16_head_forward(const std::vector<float>& rq, RowsView qv, const std::vector<float>& rk, RowsView kv,
+                       const std::vector<float>& rv, RowsView vv, int T, int D, std::vector<double>& y,
+                       std::vector<double>& y_doubt, RowsView yv, double* att, double* lse) {
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (int i = 0; i < T; ++i) {
+    std::vector<double> p(size_t(i) + 1);
+    double mx = -1e300;
+    for (int j = 0; j <= i; ++j) {
+      double d = 0;
+      for (int c = 0; c < D; ++c) d += double(rq[qv.at(i, c)]) * rk[kv.at(j, c)];
+      p[size_t(j)] = d * scale;
+      mx = std::max(mx, p[size_t(j)]);
+    }
+    double z = 0;
+    for (double& e : p) z += (e = std::exp(e - mx));
+    if (lse) lse[i] = mx + std::log(z);
+    for (int j = 0; j <= i; ++j) {
+      const double pj = p[size_t(j)] / z, rp = rounded(pj), dp = doubt(pj, kProbWindow * pj);
+      if (att) att[size_t(i) * T + j] = pj;
+      for (int c = 0; c < D; ++c) {
+        y[yv.at(i, c)] += rp * rv[vv.at(j, c)];
+        y_doubt[yv.at(i, c)] += dp * std::abs(double(rv[vv.at(j, c)]));
+      }
+    }
+  }
+}
+
+// Its backward given dy (rdy rounded): dP = dy vᵀ, dS = P (dP − Drow), dq += scale · round(dS) k, dk += scale ·
+// round(dS)ᵀ q, dv += round(P)ᵀ dy, with doubts. P is att(T,T) as given (GPT-2: the kernel rounds those very
+// values, no doubt), or exp(scale · q kᵀ − lse) (grouped-query attention). Drow is Σ_j P dP (GPT-2) or dy · y from
+// the unrounded dy and the forward's y (grouped-query attention), as the kernels take it.
+struct HeadGrads {
+  std::vector<double>&dq, &dk, &dv, &dq_doubt, &dk_doubt, &dv_doubt;
+};
+void bf16_head_backward(const std::vector<float>& rq, RowsView qv, const std::vector<float>& rk, RowsView kv,
+                        const std::vector<float>& rv, RowsView vv, const std::vector<float>& rdy,
+                        const std::vector<float>& dy, const std::vector<float>* y, RowsView gv, const float* att,
+                        const float* lse, int T, int D, HeadGrads g) {
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (int i = 0; i < T; ++i) {
+    std::vector<double> P(size_t(i) + 1), dP(size_t(i) + 1), size(size_t(i) + 1);
+    double drow = 0, drow_size = 0;
+    for (int j = 0; j <= i; ++j) {
+      double d = 0, m = 0;
+      for (int c = 0; c < D; ++c) {
+        d += double(rdy[gv.at(i, c)]) * rv[vv.at(j, c)];
+        m += std::abs(double(rdy[gv.at(i, c)]) * rv[vv.at(j, c)]);
+      }
+      dP[size_t(j)] = d;
+      size[size_t(j)] = m;
+      if (att) {
+        P[size_t(j)] = att[size_t(i) * T + j];
+      } else {
+        double s = 0;
+        for (int c = 0; c < D; ++c) s += double(rq[qv.at(i, c)]) * rk[kv.at(j, c)];
+        P[size_t(j)] = std::exp(s * scale - double(lse[i]));
+      }
+      if (!y) drow += P[size_t(j)] * d, drow_size += P[size_t(j)] * m;
+    }
+    if (y)
+      for (int c = 0; c < D; ++c) {
+        drow += double(dy[gv.at(i, c)]) * (*y)[gv.at(i, c)];
+        drow_size += std::abs(double(dy[gv.at(i, c)]) * (*y)[gv.at(i, c)]);
+      }
+    for (int j = 0; j <= i; ++j) {
+      const double p = P[size_t(j)], ds = p * (dP[size_t(j)] - drow);
+      // the kernel's dS: fp32 sums of dP and Drow (errors ~1e-7 of their terms' sizes), then two fp32 operations
+      const double ds_window = 2e-6 * p * (size[size_t(j)] + drow_size) + 1e-6 * std::abs(ds);
+      const double rds = rounded(ds), dds = doubt(ds, ds_window);
+      const double rp = rounded(p), dp = att ? 0.0 : doubt(p, kProbWindow * p);
+      for (int c = 0; c < D; ++c) {
+        g.dq[qv.at(i, c)] += scale * rds * rk[kv.at(j, c)];
+        g.dq_doubt[qv.at(i, c)] += scale * dds * std::abs(double(rk[kv.at(j, c)]));
+        g.dk[kv.at(j, c)] += scale * rds * rq[qv.at(i, c)];
+        g.dk_doubt[kv.at(j, c)] += scale * dds * std::abs(double(rq[qv.at(i, c)]));
+        g.dv[vv.at(j, c)] += rp * rdy[gv.at(i, c)];
+        g.dv_doubt[vv.at(j, c)] += dp * std::abs(double(rdy[gv.at(i, c)]));
+      }
+    }
+  }
+}
+
+// The host's kernels (kernel_cases.hpp) in bf16 matmul precision while alive: a bf16 run's forward, whose outputs
+// a backward case starts from.
+struct HostInBf16 {
+  HostInBf16() { host().set_matmul_precision(Precision::Bf16); }
+  ~HostInBf16() { host().set_matmul_precision(Precision::Fp32); }
+};
+
+// That each of `outs` differs from what the fp32 kernel (the host's, run here on the same inputs) writes by more
+// than 1e-4 of its largest element: the products were rounded (by 2^-9 of their terms, about 1e-3 of the results).
+std::function<void(const Tensors&, const Tensors&)> differs_from_fp32_kernel(
+    std::vector<std::string> outs, std::function<void(CpuKernels&, Tensors&)> fp32_call) {
+  return [=](const Tensors& start, const Tensors& got) {
+    Tensors t = start;
+    fp32_call(host(), t);
+    for (const std::string& out : outs) {
+      const std::vector<float>&a = got.at(out).f, &b = t.at(out).f;
+      double worst = 0, peak = 0;
+      for (float x : b) peak = std::max(peak, double(std::abs(x)));
+      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]) / peak);
+      INFO(out << ": largest difference from the fp32 kernel, relative to its largest element: " << worst);
+      CHECK(worst > 1e-4);
+    }
+  };
+}
+
+// GPT-2 attention (qkv(B,T,3C), P after its normalisation rounded, on both backends).
+void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
+  const int B = 2, T = 37, C = 96, NH = 3, hd = C / NH;
+  const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
+  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
+  auto start = [=](std::mt19937& gen) {
+    Tensors t;
+    t["qkv"] = f32(uniform(gen, n_qkv, -2.f, 2.f));
+    t["dy"] = f32(uniform(gen, n_y));
+    t["y"] = f32(filled(n_y, 5.f));
+    t["att"] = f32(filled(n_att, 5.f));
+    t["dqkv"] = f32(filled(n_qkv, 1e3f));
+    return t;
+  };
+  // head h of sequence b: q, k, v at columns part · C + h · hd of qkv's rows; y and dy at h · hd of theirs
+  auto part = [=](int b, int h, int p) {
+    return RowsView{size_t(b) * T * 3 * C + size_t(p) * C + size_t(h) * hd, size_t(3 * C)};
+  };
+  auto out = [=](int b, int h) { return RowsView{size_t(b) * T * C + size_t(h) * hd, size_t(C)}; };
+  // CUDA against the CPU. Forward: both round the normalised P, each P_ij by a relative error of at most 2^-9, so
+  // whichever way each rounds, y differs by at most 2^-8 Σ_j P_ij |v_j| ≤ 2^-8 · max |v| = 2^-7 (v in (-2, 2)),
+  // plus fp32 sums: 5e-3 of max(|y|, 2). Backward: the same P rounded the same way (att is an input), but dS =
+  // P (dP − Σ P dP) cancels, so the two backends' fp32 dS differ by far more than fp32's eps and now and then round
+  // to the other neighbour: one bf16 step (2^-7) of one term of dq or dk each time. A CPU emulation of the CUDA
+  // arithmetic on these inputs measured 3e-3 for that on the grouped-query rows below; 1.5e-2.
+  cases.push_back(
+      {.name = "bf16 attention_forward " + shape,
+       .make = start,
+       .call = in_bf16([=](Kernels& k, Buffers& b) {
+         k.attention_forward(b.f("y"), b.f("att"), b.f("qkv"), B, T, C, NH);
+       }),
+       .outs = {{"y", 5e-3, kRoundedRtol, 2}, {"att", 1e-3, 2e-5, 0, 1}},
+       .reference =
+           [=](Tensors& t) {
+             const auto rqkv = rounded(t["qkv"].f);
+             std::vector<double> y(n_y, 0.0), y_doubt(n_y, 0.0), att(n_att, 0.0);
+             for (int b = 0; b < B; ++b)
+               for (int h = 0; h < NH; ++h)
+                 bf16_head_forward(rqkv, part(b, h, 0), rqkv, part(b, h, 1), rqkv, part(b, h, 2), T, hd, y, y_doubt,
+                                   out(b, h), att.data() + (size_t(b) * NH + h) * T * T, nullptr);
+             t["y"] = as_f32(y);
+             t["y.scale"] = f64(doubt_scale(y, y_doubt));
+             t["att"] = as_f32(att);
+           },
+       .threads_rtol = 0,
+       .property = differs_from_fp32_kernel({"y"}, [=](CpuKernels& k, Tensors& t) {
+         k.attention_forward(t["y"].f.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
+       })});
+  cases.push_back(
+      {.name = "bf16 attention_backward " + shape,  // from the CPU's bf16 forward's att
+       .make =
+           [=](std::mt19937& gen) {
+             Tensors t = start(gen);
+             HostInBf16 bf16;
+             std::vector<float> y(n_y);
+             host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
+             return t;
+           },
+       .call = in_bf16([=](Kernels& k, Buffers& b) {
+         float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
+         k.attention_backward(b.f("dqkv"), b.f("dy"), b.f("qkv"), b.f("att"), scratch, B, T, C, NH);
+       }),
+       .outs = {{"dqkv", 1.5e-2, kRoundedRtol}},
+       .reference =
+           [=](Tensors& t) {
+             const auto rqkv = rounded(t["qkv"].f), rdy = rounded(t["dy"].f);
+             std::vector<double> d(n_qkv, 0.0), dd(n_qkv, 0.0);
+             for (int b = 0; b < B; ++b)
+               for (int h = 0; h < NH; ++h)
+                 bf16_head_backward(rqkv, part(b, h, 0), rqkv, part(b, h, 1), rqkv, part(b, h, 2), rdy, t["dy"].f,
+                                    nullptr, out(b, h), t["att"].f.data() + (size_t(b) * NH + h) * T * T, nullptr, T,
+                                    hd, HeadGrads{d, d, d, dd, dd, dd});
+             t["dqkv"] = as_f32(d);
+             t["dqkv.scale"] = f64(doubt_scale(d, dd));
+           },
+       .threads_rtol = 0,
+       .property = differs_from_fp32_kernel({"dqkv"}, [=](CpuKernels& k, Tensors& t) {
+         std::vector<float> scratch(k.attention_scratch_floats(B, T, C, NH));
+         k.attention_backward(t["dqkv"].f.data(), t["dy"].f.data(), t["qkv"].f.data(), t["att"].f.data(),
+                              scratch.data(), B, T, C, NH);
+       })});
+}
+
+// Grouped-query attention. On CUDA the tensor-core kernels: T = 37 inside one 64-row block, T = 130 over three (the
+// last partial; key tiles of 64, query tiles of 32 in dk/dv); D = 8 padded with zero columns to 16.
+void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
+  struct Shape {
+    int B, T, H, KV, D;
+  };
+  for (Shape s : {Shape{2, 37, 4, 2, 64}, Shape{2, 37, 4, 2, 16}, Shape{1, 130, 4, 2, 32}, Shape{1, 37, 2, 1, 8}}) {
+    const std::string shape = dims({{"B", s.B}, {"T", s.T}, {"H", s.H}, {"KV", s.KV}, {"D", s.D}});
+    const size_t nq = size_t(s.B) * s.T * s.H * s.D, nk = size_t(s.B) * s.T * s.KV * s.D;
+    const size_t nl = size_t(s.B) * s.H * s.T;
+    auto start = [=](std::mt19937& gen) {
+      Tensors t;
+      t["q"] = f32(uniform(gen, nq, -2.f, 2.f));
+      t["k"] = f32(uniform(gen, nk, -2.f, 2.f));
+      t["v"] = f32(uniform(gen, nk));
+      t["dy"] = f32(uniform(gen, nq));
+      t["y"] = f32(filled(nq, 5.f));
+      t["lse"] = f32(filled(nl, 5.f));
+      t["dq"] = f32(filled(nq, 1e3f));
+      t["dk"] = f32(filled(nk, -1e3f));
+      t["dv"] = f32(filled(nk, 1e3f));
+      return t;
+    };
+    auto qrows = [=](int b, int h) {
+      return RowsView{size_t(b) * s.T * s.H * s.D + size_t(h) * s.D, size_t(s.H) * s.D};
+    };
+    auto krows = [=](int b, int h) {
+      const int kvh = h / (s.H / s.KV);
+      return RowsView{size_t(b) * s.T * s.KV * s.D + size_t(kvh) * s.D, size_t(s.KV) * s.D};
+    };
+    // CUDA against the CPU. Forward: the tensor-core kernel rounds exp(s − running max) before the division by the
+    // sum, the CPU the normalised P; either way each P_ij carries a relative rounding error of at most 2^-9, so y
+    // differs by at most 2^-8 Σ_j P_ij |v_j| ≤ 2^-8 · max |v| = 2^-8 (v in (-1, 1)), plus fp32 sums: 5e-3 of
+    // max(|y|, 1). (Relative to |y| alone there is no such bound: where y cancels, a CPU emulation of the CUDA
+    // arithmetic differed by 2e-2 of max(|y|, 1% of the largest), as much as leaving P unrounded does.) Backward:
+    // both recompute the normalised P = exp(s − lse) and round it, so only fp32 sums differ, and dS = P (dP − dy·y),
+    // which cancels and so differs by far more than fp32's eps between the two and now and then rounds to the other
+    // neighbour: one bf16 step (2^-7) of one term of dq or dk each time; emulated on these inputs 3e-3 (T = 130):
+    // 1.5e-2.
+    cases.push_back(
+        {.name = "bf16 gqa_attention_forward " + shape,
+         .make = start,
+         .call = in_bf16([=](Kernels& k, Buffers& b) {
+           k.gqa_attention_forward(b.f("y"), b.f("lse"), b.f("q"), b.f("k"), b.f("v"), s.B, s.T, s.H, s.KV, s.D);
+         }),
+         .outs = {{"y", 5e-3, kRoundedRtol, 1}, {"lse", 1e-5, 3e-6, 0, 1}},
+         .reference =
+             [=](Tensors& t) {
+               const auto rq = rounded(t["q"].f), rk = rounded(t["k"].f), rv = rounded(t["v"].f);
+               std::vector<double> y(nq, 0.0), y_doubt(nq, 0.0), lse(nl, 0.0);
+               for (int b = 0; b < s.B; ++b)
+                 for (int h = 0; h < s.H; ++h)
+                   bf16_head_forward(rq, qrows(b, h), rk, krows(b, h), rv, krows(b, h), s.T, s.D, y, y_doubt,
+                                     qrows(b, h), nullptr, lse.data() + (size_t(b) * s.H + h) * s.T);
+               t["y"] = as_f32(y);
+               t["y.scale"] = f64(doubt_scale(y, y_doubt));
+               t["lse"] = as_f32(lse);
+             },
+         .threads_rtol = 0,
+         .cuda_repeatable = true,
+         .property = differs_from_fp32_kernel({"y"}, [=](CpuKernels& k, Tensors& t) {
+           k.gqa_attention_forward(t["y"].f.data(), t["lse"].f.data(), t["q"].f.data(), t["k"].f.data(),
+                                   t["v"].f.data(), s.B, s.T, s.H, s.KV, s.D);
+         })});
+    cases.push_back(
+        {.name = "bf16 gqa_attention_backward " + shape,  // from the CPU's bf16 forward's y and lse
+         .make =
+             [=](std::mt19937& gen) {
+               Tensors t = start(gen);
+               HostInBf16 bf16;
+               host().gqa_attention_forward(t["y"].f.data(), t["lse"].f.data(), t["q"].f.data(), t["k"].f.data(),
+                                            t["v"].f.data(), s.B, s.T, s.H, s.KV, s.D);
+               return t;
+             },
+         .call = in_bf16([=](Kernels& k, Buffers& b) {
+           float* scratch = b.scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+           k.gqa_attention_backward(b.f("dq"), b.f("dk"), b.f("dv"), b.f("dy"), b.f("q"), b.f("k"), b.f("v"),
+                                    b.f("y"), b.f("lse"), scratch, s.B, s.T, s.H, s.KV, s.D);
+         }),
+         .outs = {{"dq", 1.5e-2, kRoundedRtol}, {"dk", 1.5e-2, kRoundedRtol}, {"dv", 1.5e-2, kRoundedRtol}},
+         .reference =
+             [=](Tensors& t) {
+               const auto rq = rounded(t["q"].f), rk = rounded(t["k"].f), rv = rounded(t["v"].f);
+               const auto rdy = rounded(t["dy"].f);
+               std::vector<double> dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0), dqd(nq, 0.0), dkd(nk, 0.0), dvd(nk, 0.0);
+               for (int b = 0; b < s.B; ++b)
+                 for (int h = 0; h < s.H; ++h)
+                   bf16_head_backward(rq, qrows(b, h), rk, krows(b, h), rv, krows(b, h), rdy, t["dy"].f, &t["y"].f,
+                                      qrows(b, h), nullptr, t["lse"].f.data() + (size_t(b) * s.H + h) * s.T, s.T,
+                                      s.D, HeadGrads{dq, dk, dv, dqd, dkd, dvd});
+               t["dq"] = as_f32(dq);
+               t["dk"] = as_f32(dk);
+               t["dv"] = as_f32(dv);
+               t["dq.scale"] = f64(doubt_scale(dq, dqd));
+               t["dk.scale"] = f64(doubt_scale(dk, dkd));
+               t["dv.scale"] = f64(doubt_scale(dv, dvd));
+             },
+         .threads_rtol = 0,
+         .cuda_repeatable = true,
+         .property = differs_from_fp32_kernel({"dq", "dk", "dv"}, [=](CpuKernels& k, Tensors& t) {
+           std::vector<float> scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+           k.gqa_attention_backward(t["dq"].f.data(), t["dk"].f.data(), t["dv"].f.data(), t["dy"].f.data(),
+                                    t["q"].f.data(), t["k"].f.data(), t["v"].f.data(), t["y"].f.data(),
+                                    t["lse"].f.data(), scratch.data(), s.B, s.T, s.H, s.KV, s.D);
+         })});
+  }
+}
+
 }  // namespace
 
 void add_bf16_cases(std::vector<KernelCase>& cases) {
   bf16_linear_cases(cases);
   bf16_grouped_cases(cases);
   bf16_storage_cases(cases);
+  bf16_gpt2_attention_cases(cases);
+  bf16_gqa_attention_cases(cases);
 }
 
 }  // namespace piper::test

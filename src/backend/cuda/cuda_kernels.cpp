@@ -62,6 +62,85 @@ void gemm_batched(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, in
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// The same batched product with A and B bf16 (CUDA_R_16BF, as uint16 bits) and fp32 accumulation into the fp32 C,
+// alpha applied to the fp32 sums: the attention products of a bf16 run, on tensor cores.
+void gemm_batched_bf16(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                       const uint16_t* A, int lda, long long stride_a, const uint16_t* B, int ldb, long long stride_b,
+                       float beta, float* C, int ldc, long long stride_c, int batch) {
+  if (M <= 0 || N <= 0 || batch <= 0) return;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_16BF, ldb, stride_b,
+                                          A, CUDA_R_16BF, lda, stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Elements of bf16 workspace pieces, rounded up to 64 (128 bytes) so that the next piece is aligned.
+size_t aligned64(size_t n) { return (n + 63) / 64 * 64; }
+
+// attention_forward in bf16 matmul precision: qkv rounded to bf16 once (the stream's workspace holds it and one
+// sample's probabilities, (B,T,3C) + (NH,T,T) bf16), S = scale · q kᵀ, the fp32 softmax in att, y = P v with P
+// rounded sample by sample.
+void attention_forward_bf16(CudaStream& stream, float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+  cublasHandle_t h = stream.blas();
+  const int hd = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int C3 = 3 * C;
+  const long long TT = (long long)T * T;
+  const size_t n_qkv = size_t(B) * T * C3, n_p = size_t(NH) * TT;
+  auto* qkv16 = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + n_p)));
+  uint16_t* p16 = qkv16 + aligned64(n_qkv);  // (NH,T,T) of one sample
+  cuda::to_bf16(qkv16, qkv, n_qkv, stream.stream());
+  for (int b = 0; b < B; ++b) {
+    const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
+    const uint16_t* k = q + C;
+    float* S = att + (long long)b * NH * TT;  // (NH,T,T)
+    gemm_batched_bf16(h, false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.f, S, T, TT, NH);  // S = scale · q k^T
+  }
+  cuda::causal_softmax_forward(att, (int64_t)B * NH * T, T, stream.stream());  // P = softmax, causal, fp32
+  for (int b = 0; b < B; ++b) {
+    const uint16_t* v = qkv16 + (long long)b * T * C3 + 2 * C;
+    cuda::to_bf16(p16, att + (long long)b * NH * TT, n_p, stream.stream());  // after the last sample's product
+    float* yb = y + (long long)b * T * C;
+    gemm_batched_bf16(h, false, false, T, hd, T, 1.f, p16, T, TT, v, C3, hd, 0.f, yb, C, hd, NH);  // y = P · v
+  }
+}
+
+// attention_backward in bf16 matmul precision: qkv and dy rounded once, P and dS of one sample at a time (the
+// workspace: (B,T,3C) + (B,T,C) + 2 (NH,T,T) bf16); dS = P ⊙ (dP − Σ P dP) from the fp32 P and dP.
+void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, const float* qkv, const float* att,
+                             float* scratch, int B, int T, int C, int NH) {
+  cublasHandle_t h = stream.blas();
+  const int hd = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int C3 = 3 * C;
+  const long long TT = (long long)T * T;
+  const size_t n_qkv = size_t(B) * T * C3, n_dy = size_t(B) * T * C, n_p = size_t(NH) * TT;
+  auto* qkv16 = static_cast<uint16_t*>(
+      stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + aligned64(n_dy) + aligned64(n_p) + n_p)));
+  uint16_t* dy16 = qkv16 + aligned64(n_qkv);  // (B,T,C)
+  uint16_t* p16 = dy16 + aligned64(n_dy);     // (NH,T,T) of one sample
+  uint16_t* ds16 = p16 + aligned64(n_p);      // (NH,T,T) of one sample
+  cuda::to_bf16(qkv16, qkv, n_qkv, stream.stream());
+  cuda::to_bf16(dy16, dy, n_dy, stream.stream());
+  float* dP = scratch;  // (NH,T,T): dP, then dS in place
+  for (int b = 0; b < B; ++b) {
+    const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
+    const uint16_t* k = q + C;
+    const uint16_t* v = q + 2 * C;
+    const float* P = att + (long long)b * NH * TT;  // (NH,T,T)
+    const uint16_t* dY = dy16 + (long long)b * T * C;  // (T,C)
+    float* dq = dqkv + (long long)b * T * C3;          // (T,hd) per head, row stride 3C
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    cuda::to_bf16(p16, P, n_p, stream.stream());
+    gemm_batched_bf16(h, false, true, T, T, hd, 1.f, dY, C, hd, v, C3, hd, 0.f, dP, T, TT, NH);  // dP = dY · v^T
+    gemm_batched_bf16(h, true, false, T, hd, T, 1.f, p16, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);  // dv = P^T · dY
+    cuda::causal_softmax_backward(dP, P, (int64_t)NH * T, T, stream.stream());  // dS in place of dP, fp32
+    cuda::to_bf16(ds16, dP, n_p, stream.stream());
+    gemm_batched_bf16(h, false, false, T, hd, T, scale, ds16, T, TT, k, C3, hd, 0.f, dq, C3, hd, NH);  // dq = dS · k
+    gemm_batched_bf16(h, true, false, T, hd, T, scale, ds16, T, TT, q, C3, hd, 0.f, dk, C3, hd, NH);   // dk = dS^T q
+  }
+}
+
 // One row-major product C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a grouped gemm; K = 0 is C = beta · C,
 // which only beta = 0 (C = 0, contiguous) or 1 (nothing) may ask for.
 struct GemmProblem {
@@ -257,6 +336,7 @@ void CudaKernels::layernorm_backward_weight(float* dw, float* db, const float* d
 
 void CudaKernels::attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
   Target t = target();
+  if (matmul_ == Precision::Bf16) return attention_forward_bf16(t.stream, y, att, qkv, B, T, C, NH);
   cublasHandle_t h = t.stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -285,6 +365,7 @@ size_t CudaKernels::attention_scratch_floats(int, int T, int, int NH) const {
 void CudaKernels::attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
                                      int B, int T, int C, int NH) {
   Target t = target();
+  if (matmul_ == Precision::Bf16) return attention_backward_bf16(t.stream, dqkv, dy, qkv, att, scratch, B, T, C, NH);
   cublasHandle_t h = t.stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -350,6 +431,23 @@ void CudaKernels::rope(float* x, int B, int T, int H, int D, float theta, bool i
 void CudaKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
                                         int T, int H, int KV, int D) {
   Target t = target();
+  if (matmul_ == Precision::Bf16) {
+    if (cuda::gqa_attention_bf16_supported(D)) {
+      cuda::gqa_attention_forward_bf16(y, lse, q, k, v, B, T, H, KV, D, t.stream.stream());
+      return;
+    }
+    // Head dimensions over 128 (more than the tensor-core kernels hold in shared memory): the fp32 kernel on
+    // rounded copies of q, k, v, so that only its probabilities are not rounded for P·v.
+    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * KV * D;
+    auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, nq + 2 * nk)));
+    float* rk = rq + nq;
+    float* rv = rk + nk;
+    cuda::round_bf16(rq, q, nq, t.stream.stream());
+    cuda::round_bf16(rk, k, nk, t.stream.stream());
+    cuda::round_bf16(rv, v, nk, t.stream.stream());
+    cuda::gqa_attention_forward(y, lse, rq, rk, rv, B, T, H, KV, D, t.stream.stream());
+    return;
+  }
   cuda::gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D, t.stream.stream());
 }
 
@@ -361,6 +459,25 @@ void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const 
                                          const float* k, const float* v, const float* y, const float* lse,
                                          float* scratch, int B, int T, int H, int KV, int D) {
   Target t = target();
+  if (matmul_ == Precision::Bf16) {
+    if (cuda::gqa_attention_bf16_supported(D)) {
+      cuda::gqa_attention_backward_bf16(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
+      return;
+    }
+    // Head dimensions over 128: the fp32 kernels on rounded copies of q, k, v, dy (P and dS not rounded, and
+    // Σ P dP taken as the rounded dy · y).
+    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * KV * D;
+    auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, 2 * nq + 2 * nk)));
+    float* rdy = rq + nq;
+    float* rk = rdy + nq;
+    float* rv = rk + nk;
+    cuda::round_bf16(rq, q, nq, t.stream.stream());
+    cuda::round_bf16(rdy, dy, nq, t.stream.stream());
+    cuda::round_bf16(rk, k, nk, t.stream.stream());
+    cuda::round_bf16(rv, v, nk, t.stream.stream());
+    cuda::gqa_attention_backward(dq, dk, dv, rdy, rq, rk, rv, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
+    return;
+  }
   cuda::gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
 }
 

@@ -1,6 +1,7 @@
 // CUDA implementation of the compute primitives: cuBLAS fp32 gemms (no TF32; bf16 operands on tensor cores in a
-// bf16 run's linear layers) for every matmul and the
-// backend's own kernels (cuda_launch.hpp) for the rest. Work goes to the calling thread's bound stream.
+// bf16 run's linear layers and GPT-2 attention) for every matmul and the backend's own kernels (cuda_launch.hpp;
+// wmma tensor-core kernels for a bf16 run's grouped-query attention) for the rest. Work goes to the calling
+// thread's bound stream.
 #pragma once
 #include <mutex>
 
@@ -23,7 +24,8 @@ class CudaKernels final : public Kernels {
 
   void set_matmul_precision(Precision p) override { matmul_ = p; }
   std::string bf16_matmul_path() const override {
-    return "cuBLAS gemm of bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F, tensor cores)";
+    return "cuBLAS gemm of bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F, tensor cores); grouped-query "
+           "attention: wmma bf16 kernels with fp32 accumulators";
   }
 
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;

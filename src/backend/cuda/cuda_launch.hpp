@@ -80,6 +80,24 @@ void gqa_attention_forward(float* y, float* lse, const float* q, const float* k,
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
                             const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
                             int KV, int D, cudaStream_t s);
+// drow(B,H,T) = dy · y of every query row (fp32): the first step of either backward
+void gqa_attention_drow(float* drow, const float* dy, const float* y, int B, int T, int H, int D, cudaStream_t s);
+
+// ---- gqa_attention_bf16_kernels.cu: the same in bf16 matmul precision (Kernels::set_matmul_precision) ----
+// Whether the tensor-core kernels take head dimension D: D ≤ 128 (padded with zeros to a multiple of 16 in shared
+// memory, which adds exact zeros to every sum).
+bool gqa_attention_bf16_supported(int D);
+// As gqa_attention_forward with every product on bf16 operands (wmma, fp32 accumulators): S = q·kᵀ of rounded q, k;
+// the fp32 online softmax's exp(s − running max) rounded for P·v with v rounded. D: gqa_attention_bf16_supported.
+void gqa_attention_forward_bf16(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
+                                int H, int KV, int D, cudaStream_t s);
+// As gqa_attention_backward with q, k, v, dy and the recomputed P and dS rounded as the products' operands; dk, dv
+// without atomics (deterministic). drow: B·H·T floats of scratch.
+void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
+                                 const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
+                                 int KV, int D, cudaStream_t s);
+// dst(n) = src rounded to bf16 (nearest, ties to even), kept as fp32; dst may be src
+void round_bf16(float* dst, const float* src, size_t n, cudaStream_t s);
 
 // ---- embed_loss_optim_kernels.cu ----
 void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T, int C,

@@ -317,6 +317,13 @@ void gqa_attention_forward(float* y, float* lse, const float* q, const float* k,
   }
 }
 
+void gqa_attention_drow(float* drow, const float* dy, const float* y, int B, int T, int H, int D, cudaStream_t s) {
+  const int64_t rows = int64_t(B) * H * T;  // drow(B,H,T)
+  if (rows <= 0) return;
+  gqa_drow_kernel<<<unsigned((rows + kRows - 1) / kRows), kRows * 32, 0, s>>>(drow, dy, y, rows, T, H, D);
+  CUDA_CHECK_LAUNCH();
+}
+
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
                             const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
                             int KV, int D, cudaStream_t s) {
@@ -324,9 +331,7 @@ void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, co
   PIPER_CHECK(B <= 65535 && H <= 65535, "gqa attention: batch ", B, " or heads ", H, " exceed the grid");
   const float scale = 1.0f / sqrtf(float(D));
   const int npl = lanes_per_row(D);
-  const int64_t rows = int64_t(B) * H * T;  // drow(B,H,T)
-  gqa_drow_kernel<<<unsigned((rows + kRows - 1) / kRows), kRows * 32, 0, s>>>(drow, dy, y, rows, T, H, D);
-  CUDA_CHECK_LAUNCH();
+  gqa_attention_drow(drow, dy, y, B, T, H, D, s);
   switch (npl) {
     case 1: backward_npl<1>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, scale, s); break;
     case 2: backward_npl<2>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, scale, s); break;
