@@ -1,6 +1,5 @@
 // CPU causal grouped-query attention, flash style: blocks of query rows against the keys they may see, so
 // only one (rows × T) score tile per thread exists at a time and the masked upper half is never multiplied.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -8,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu/bf16_gemm.hpp"
+#include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/vec_math.hpp"
 
@@ -18,21 +17,16 @@ namespace {
 
 constexpr int kQueryBlock = 64;  // query rows per score tile
 
-}  // namespace
-
-size_t CpuKernels::gqa_attention_scratch_floats(int, int T, int, int, int) const {
-  return size_t(threads_) * 2 * kQueryBlock * size_t(T > 0 ? T : 0);  // per thread: P and dS tiles (64, T)
-}
-
-void CpuKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
-                                       int T, int H, int KV, int D) {
-  if (B <= 0 || T <= 0 || H <= 0) return;
-  if (matmul_ == Precision::Bf16) return gqa_attention_forward_bf16(y, lse, q, k, v, B, T, H, KV, D);
+// q(B,T,H,D), k and v (B,T,KV,D) → y(B,T,H,D) and lse(B,H,T); in bf16 the probabilities are rounded after their
+// normalisation, as the operand of P · V
+template <bool kBf16>
+void gqa_forward_in(int threads, float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
+                    int H, int KV, int D) {
   const int G = H / KV;  // query heads per key/value head
   const float scale = 1.0f / std::sqrt(float(D));
   const int qs = H * D, ks = KV * D;  // row strides of q, y and of k, v
   const int pairs = B * H;
-  const int nt = std::min(threads_, pairs);
+  const int nt = std::min(threads, pairs);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     std::vector<float> tile(size_t(kQueryBlock) * T);  // S, then P: (rows, i1)
@@ -47,8 +41,7 @@ void CpuKernels::gqa_attention_forward(float* y, float* lse, const float* q, con
       for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
         const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
         float* S = tile.data();  // (rows, i1): query rows [i0,i1) against keys [0,i1)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, D, scale, qb + int64_t(i0) * qs, qs, kb, ks,
-                    0.f, S, i1);
+        attention_product<kBf16>(false, true, rows, i1, D, scale, qb + int64_t(i0) * qs, qs, kb, ks, 0.f, S, i1);
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           float* __restrict row = S + int64_t(r) * i1;
@@ -61,27 +54,25 @@ void CpuKernels::gqa_attention_forward(float* y, float* lse, const float* q, con
           lb[i] = mx + std::log(sum);
         }
         // Y_blk(rows,D) = P(rows,i1) · V[0:i1](i1,D)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, i1, 1.f, S, i1, vb, ks, 0.f,
-                    yb + int64_t(i0) * qs, qs);
+        attention_product<kBf16>(false, false, rows, D, i1, 1.f, S, i1, vb, ks, 0.f, yb + int64_t(i0) * qs, qs);
       }
     }
   }
 }
 
-void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
-                                        const float* k, const float* v, const float* y, const float* lse,
-                                        float* scratch, int B, int T, int H, int KV, int D) {
-  if (B <= 0 || T <= 0 || KV <= 0) return;
-  if (matmul_ == Precision::Bf16)
-    return gqa_attention_backward_bf16(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D);
+// dq, dk, dv from dy, with P recomputed from q, k and lse. One thread owns a (sequence, key/value head): it alone
+// writes that group's dk and dv rows and the dq of its query heads, in a fixed order, so there are no races and the
+// bits do not depend on the thread count.
+template <bool kBf16>
+void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
+                     const float* v, const float* y, const float* lse, float* scratch, int B, int T, int H, int KV,
+                     int D) {
   const int G = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
   const int qs = H * D, ks = KV * D;
   const size_t tile = size_t(kQueryBlock) * T;
-  // One thread owns a (sequence, key/value head): it alone writes that group's dk and dv rows and the dq of
-  // its query heads, in a fixed order, so there are no races and the bits do not depend on the thread count.
   const int pairs = B * KV;
-  const int nt = std::min(threads_, pairs);
+  const int nt = std::min(threads, pairs);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int bk = 0; bk < pairs; ++bk) {
     const int b = bk / KV, kvh = bk % KV;
@@ -106,10 +97,10 @@ void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const f
         const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
         const float* Qblk = qb + int64_t(i0) * qs;    // (rows,D)
         const float* dYblk = dyb + int64_t(i0) * qs;  // (rows,D)
-        // P = exp(scale · Q_blk K[0:i1]^T − lse), zero above the diagonal
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, D, scale, Qblk, qs, kb, ks, 0.f, P, i1);
+        // P = exp(scale · Q_blk K[0:i1]^T − lse), zero above the diagonal (in bf16 the scale applied below)
+        attention_product<kBf16>(false, true, rows, i1, D, kBf16 ? 1.f : scale, Qblk, qs, kb, ks, 0.f, P, i1);
         // dP = dY_blk · V[0:i1]^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, D, 1.f, dYblk, qs, vb, ks, 0.f, dS, i1);
+        attention_product<kBf16>(false, true, rows, i1, D, 1.f, dYblk, qs, vb, ks, 0.f, dS, i1);
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           float* __restrict p = P + int64_t(r) * i1;
@@ -119,130 +110,46 @@ void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const f
           const float drow = vec::lane_sum(D, [&](int c) { return gi[c] * yi[c]; });  // Σ_j P_ij dP_ij = dy_i · y_i
           const float l = lb[i];
           for (int j = 0; j <= i; ++j) {
-            p[j] = vec::exp_approx(p[j] - l);
+            p[j] = vec::exp_approx((kBf16 ? p[j] * scale : p[j]) - l);
             d[j] = p[j] * (d[j] - drow);  // dS = P ∘ (dP − Drow)
           }
           for (int j = i + 1; j < i1; ++j) p[j] = d[j] = 0.f;
         }
         // dQ_blk(rows,D) = scale · dS · K[0:i1]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, i1, scale, dS, i1, kb, ks, 0.f,
-                    dqb + int64_t(i0) * qs, qs);
-        // dK[0:i1](i1,D) += scale · dS^T · Q_blk;  dV[0:i1](i1,D) += P^T · dY_blk
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, D, rows, scale, dS, i1, Qblk, qs, 1.f, dkb, ks);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, D, rows, 1.f, P, i1, dYblk, qs, 1.f, dvb, ks);
+        attention_product<kBf16>(false, false, rows, D, i1, scale, dS, i1, kb, ks, 0.f, dqb + int64_t(i0) * qs, qs);
+        // dK[0:i1](i1,D) += scale · dS^T · Q_blk (in bf16 summed unscaled, scaled once below);
+        // dV[0:i1](i1,D) += P^T · dY_blk
+        attention_product<kBf16>(true, false, i1, D, rows, kBf16 ? 1.f : scale, dS, i1, Qblk, qs, 1.f, dkb, ks);
+        attention_product<kBf16>(true, false, i1, D, rows, 1.f, P, i1, dYblk, qs, 1.f, dvb, ks);
       }
     }
+    if constexpr (kBf16)
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < D; ++c) dkb[int64_t(t) * ks + c] *= scale;
   }
 }
 
-// bf16 matmul precision: the same blocks with every product one bf16_gemm_parallel call of the thread (operands
-// rounded into its scratch, fp32 sums; see attention_forward_bf16 for the measured choice), the scale applied to
-// the fp32 results. The probabilities are rounded after their normalisation, as the product's operand.
-void CpuKernels::gqa_attention_forward_bf16(float* y, float* lse, const float* q, const float* k, const float* v,
-                                            int B, int T, int H, int KV, int D) {
-  const int G = H / KV;
-  const float scale = 1.0f / std::sqrt(float(D));
-  const int qs = H * D, ks = KV * D;
-  const int pairs = B * H;
-  const int nt = std::min(threads_, pairs);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    std::vector<float> tile(size_t(kQueryBlock) * T);  // S, then P: (rows, i1)
-#pragma omp for schedule(static)
-    for (int bh = 0; bh < pairs; ++bh) {
-      const int b = bh / H, h = bh % H, kvh = h / G;
-      const float* qb = q + int64_t(b) * T * qs + int64_t(h) * D;    // (T,D), row stride H·D
-      const float* kb = k + int64_t(b) * T * ks + int64_t(kvh) * D;  // (T,D), row stride KV·D
-      const float* vb = v + int64_t(b) * T * ks + int64_t(kvh) * D;  // (T,D), row stride KV·D
-      float* yb = y + int64_t(b) * T * qs + int64_t(h) * D;          // (T,D), row stride H·D
-      float* lb = lse + int64_t(bh) * T;                             // (T)
-      for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
-        float* S = tile.data();  // (rows, i1): query rows [i0,i1) against keys [0,i1)
-        bf16_gemm_parallel(false, true, rows, i1, D, qb + int64_t(i0) * qs, qs, kb, ks, 0.f, S, i1, 1);
-        for (int r = 0; r < rows; ++r) {
-          const int i = i0 + r;
-          float* __restrict row = S + int64_t(r) * i1;
-          for (int j = 0; j <= i; ++j) row[j] *= scale;
-          const float mx = vec::lane_max(row, i + 1);
-          for (int j = 0; j <= i; ++j) row[j] = vec::exp_approx(row[j] - mx);
-          const float sum = vec::lane_sum(i + 1, [&](int j) { return row[j]; });
-          const float inv = 1.0f / sum;
-          for (int j = 0; j <= i; ++j) row[j] *= inv;
-          for (int j = i + 1; j < i1; ++j) row[j] = 0.f;  // causal mask inside the diagonal block
-          lb[i] = mx + std::log(sum);
-        }
-        // Y_blk(rows,D) = P(rows,i1) · V[0:i1](i1,D)
-        bf16_gemm_parallel(false, false, rows, D, i1, S, i1, vb, ks, 0.f, yb + int64_t(i0) * qs, qs, 1);
-      }
-    }
-  }
+}  // namespace
+
+size_t CpuKernels::gqa_attention_scratch_floats(int, int T, int, int, int) const {
+  return size_t(threads_) * 2 * kQueryBlock * size_t(T > 0 ? T : 0);  // per thread: P and dS tiles (64, T)
 }
 
-void CpuKernels::gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* q,
-                                             const float* k, const float* v, const float* y, const float* lse,
-                                             float* scratch, int B, int T, int H, int KV, int D) {
-  const int G = H / KV;
-  const float scale = 1.0f / std::sqrt(float(D));
-  const int qs = H * D, ks = KV * D;
-  const size_t tile = size_t(kQueryBlock) * T;
-  const int pairs = B * KV;  // as gqa_attention_backward: a thread owns a (sequence, key/value head)
-  const int nt = std::min(threads_, pairs);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int bk = 0; bk < pairs; ++bk) {
-    const int b = bk / KV, kvh = bk % KV;
-    float* P = scratch + size_t(omp_get_thread_num()) * 2 * tile;  // (rows, i1)
-    float* dS = P + tile;                                           // (rows, i1): dP, then dS
-    const float* kb = k + int64_t(b) * T * ks + int64_t(kvh) * D;  // (T,D), row stride KV·D
-    const float* vb = v + int64_t(b) * T * ks + int64_t(kvh) * D;
-    float* dkb = dk + int64_t(b) * T * ks + int64_t(kvh) * D;
-    float* dvb = dv + int64_t(b) * T * ks + int64_t(kvh) * D;
-    for (int t = 0; t < T; ++t) {
-      std::memset(dkb + int64_t(t) * ks, 0, sizeof(float) * size_t(D));
-      std::memset(dvb + int64_t(t) * ks, 0, sizeof(float) * size_t(D));
-    }
-    for (int h = kvh * G; h < (kvh + 1) * G; ++h) {
-      const int64_t off = int64_t(b) * T * qs + int64_t(h) * D;
-      const float* qb = q + off;    // (T,D), row stride H·D
-      const float* dyb = dy + off;  // (T,D)
-      const float* yb = y + off;    // (T,D)
-      float* dqb = dq + off;        // (T,D)
-      const float* lb = lse + (int64_t(b) * H + h) * T;  // (T)
-      for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
-        const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
-        const float* Qblk = qb + int64_t(i0) * qs;    // (rows,D)
-        const float* dYblk = dyb + int64_t(i0) * qs;  // (rows,D)
-        // P = exp(scale · Q_blk K[0:i1]^T − lse), zero above the diagonal
-        bf16_gemm_parallel(false, true, rows, i1, D, Qblk, qs, kb, ks, 0.f, P, i1, 1);
-        // dP = dY_blk · V[0:i1]^T
-        bf16_gemm_parallel(false, true, rows, i1, D, dYblk, qs, vb, ks, 0.f, dS, i1, 1);
-        for (int r = 0; r < rows; ++r) {
-          const int i = i0 + r;
-          float* __restrict p = P + int64_t(r) * i1;
-          float* __restrict d = dS + int64_t(r) * i1;
-          const float* __restrict gi = dYblk + int64_t(r) * qs;
-          const float* __restrict yi = yb + int64_t(i) * qs;
-          const float drow = vec::lane_sum(D, [&](int c) { return gi[c] * yi[c]; });  // dy_i · y_i, in fp32
-          const float l = lb[i];
-          for (int j = 0; j <= i; ++j) {
-            p[j] = vec::exp_approx(p[j] * scale - l);
-            d[j] = p[j] * (d[j] - drow);  // dS = P ∘ (dP − Drow)
-          }
-          for (int j = i + 1; j < i1; ++j) p[j] = d[j] = 0.f;
-        }
-        // dQ_blk(rows,D) = scale · (dS · K[0:i1])
-        float* dQblk = dqb + int64_t(i0) * qs;
-        bf16_gemm_parallel(false, false, rows, D, i1, dS, i1, kb, ks, 0.f, dQblk, qs, 1);
-        for (int r = 0; r < rows; ++r)
-          for (int c = 0; c < D; ++c) dQblk[int64_t(r) * qs + c] *= scale;
-        // dK[0:i1](i1,D) += dS^T · Q_blk (scaled once at the end);  dV[0:i1](i1,D) += P^T · dY_blk
-        bf16_gemm_parallel(true, false, i1, D, rows, dS, i1, Qblk, qs, 1.f, dkb, ks, 1);
-        bf16_gemm_parallel(true, false, i1, D, rows, P, i1, dYblk, qs, 1.f, dvb, ks, 1);
-      }
-    }
-    for (int t = 0; t < T; ++t)
-      for (int c = 0; c < D; ++c) dkb[int64_t(t) * ks + c] *= scale;
-  }
+// bf16 matmul precision: every product through the bf16 gemm (cpu_attention.cpp says why), the scale applied to the
+// fp32 sums.
+void CpuKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
+                                       int T, int H, int KV, int D) {
+  if (B <= 0 || T <= 0 || H <= 0) return;
+  if (matmul_ == Precision::Bf16) gqa_forward_in<true>(threads_, y, lse, q, k, v, B, T, H, KV, D);
+  else gqa_forward_in<false>(threads_, y, lse, q, k, v, B, T, H, KV, D);
+}
+
+void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
+                                        const float* k, const float* v, const float* y, const float* lse,
+                                        float* scratch, int B, int T, int H, int KV, int D) {
+  if (B <= 0 || T <= 0 || KV <= 0) return;
+  auto in = matmul_ == Precision::Bf16 ? gqa_backward_in<true> : gqa_backward_in<false>;
+  in(threads_, dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D);
 }
 
 }  // namespace piper

@@ -94,16 +94,6 @@ class CpuKernels final : public Kernels {
   // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a linear layer, in the matmul precision.
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc);
-  // The attention calls in bf16 matmul precision (kernels.hpp): the same steps, every product a bf16 gemm
-  // (bf16_gemm.hpp) of one thread.
-  void attention_forward_bf16(float* y, float* att, const float* qkv, int B, int T, int C, int NH);
-  void attention_backward_bf16(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
-                               int B, int T, int C, int NH);
-  void gqa_attention_forward_bf16(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int KV, int D);
-  void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                                   const float* v, const float* y, const float* lse, float* scratch, int B, int T,
-                                   int H, int KV, int D);
 
   int threads_;
   Precision matmul_ = Precision::Fp32;
