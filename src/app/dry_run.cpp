@@ -76,7 +76,8 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 }
 
 // The cost model's timeline of one step, in the Chrome-trace format --trace writes (times in microseconds,
-// uniform units scaled by 1000): one process per device set (its first rank), one thread per stream.
+// uniform units scaled by 1000): one process per device set (its first rank; "ranks" lists all of the set's), one
+// thread per stream.
 std::string predicted_timeline_json(const CompileResult& r) {
   std::string out = "{\"displayTimeUnit\":\"ms\",\"predicted\":true,\"traceEvents\":[\n";
   const double scale = r.cost.uniform ? 1e3 : 1e6;
@@ -89,8 +90,10 @@ std::string predicted_timeline_json(const CompileResult& r) {
       out += (first ? "" : ",\n") + e;
       first = false;
     };
+    std::string ranks;  // every rank of the set runs this timeline
+    for (int r : p.sets[s]) ranks += cat(ranks.empty() ? "" : ",", r);
     add(cat("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":", rank, ",\"args\":{\"name\":\"rank ", rank,
-            " (device set ", s, ")\"}}"));
+            " (device set ", s, ")\",\"ranks\":[", ranks, "]}}"));
     for (size_t t = 0; t < p.streams.size(); ++t)
       add(cat("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", rank, ",\"tid\":", t, ",\"args\":{\"name\":\"",
               json_escape(p.streams[t]), "\"}}"));

@@ -6,8 +6,9 @@ import json
 import os
 import re
 import subprocess
+import sys
 
-from common import ROOT, fail, report, run, tempdir, tiny_gpt, write
+from common import PIPER, ROOT, fail, report, run, tempdir, tiny_gpt, write
 
 
 def main():
@@ -73,12 +74,21 @@ kind = "zb-h1"
         fail(f"expected a timeline line per rank:\n{p.stdout}")
     print("ok  measured bubble reported next to the predicted one on every rank (--report-json and text)")
 
-    png = os.path.join(d, "trace.png")
-    r = subprocess.run(["python3", os.path.join(ROOT, "tools", "draw-schedule.py"), trace, "-o", png],
-                       capture_output=True, text=True)
-    if r.returncode != 0 or open(png, "rb").read(8) != b"\x89PNG\r\n\x1a\n":
-        fail(f"draw-schedule failed: {r.stdout}{r.stderr}")
-    print(f"ok  draw-schedule: {r.stdout.strip()}")
+    # the pictures (matplotlib): the measured step, and the dry run's predicted one, a row per rank of the 4 (the
+    # dry run's timeline has one per device set, listing its ranks), with the communication lane beside
+    dump = os.path.join(d, "plan")
+    subprocess.run([PIPER, "--config", write(d, "job.toml", job), "--dry-run", "--world", "4", "--dump-plan", dump],
+                   check=True, capture_output=True, timeout=120)
+    for source in (trace, os.path.join(dump, "timeline.json")):
+        png = source + ".png"
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "draw-schedule.py"), source, "-o", png,
+                            "--summary"], capture_output=True, text=True, timeout=120)
+        drawn = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+        if (r.returncode != 0 or open(png, "rb").read(8) != b"\x89PNG\r\n\x1a\n" or drawn["ranks"] != [0, 1, 2, 3]
+                or drawn["passes"] < 4 * 4 or drawn["communication"] < 4):
+            fail(f"draw-schedule {source}: {r.stdout}{r.stderr}")
+        print(f"ok  draw-schedule {os.path.basename(source)}: {drawn['ranks']} as rows, {drawn['passes']} passes, "
+              f"{drawn['communication']} communication spans")
 
     # --profile: every rank's kernel, region and matmul-shape tables, after the warm-up step
     summary = os.path.join(d, "profile.json")

@@ -3,7 +3,7 @@
 tokenizer.json (the `tokenizers` package, an optional extra: pip install tokenizers) or as bytes, shuffled by a seed,
 joined with an end-of-document token between them, and split into a training and a validation file.
 
-usage: tools/tokenize.py INPUT [INPUT ...] --out STEM [--tokenizer tokenizer.json | --bytes] [--field text]
+usage: tools/text-to-tokens.py INPUT [INPUT ...] --out STEM [--tokenizer tokenizer.json | --bytes] [--field text]
                          [--separator SEP] [--eos TOKEN] [--val-fraction F] [--seed S] [--no-shuffle]
   INPUT           .jsonl / .json lines: one document per line, its --field (default "text"); any other file: text,
                   one document, or several cut at each --separator (for example '\\n%\\n' for fortune files)
@@ -12,25 +12,19 @@ usage: tools/tokenize.py INPUT [INPUT ...] --out STEM [--tokenizer tokenizer.jso
   --val-fraction  documents held out for validation (default 0.05; at least one when there are two or more)
 writes STEM.train.u16.bin and STEM.val.u16.bin (.u32.bin when an id is 65536 or more), each under a temporary name
 first, and prints one summary line of JSON: documents, tokens, the vocabulary and eos id, and the files."""
+import argparse
+import array
+import json
 import os
+import random
 import sys
-
-# This file shares its name with the standard library's tokenize module, which linecache and traceback import:
-# the folder it runs from must not shadow that module, so it leaves the import path before anything else loads.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import array  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import tempfile  # noqa: E402
+import tempfile
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|im_end|>", "<eos>", "[SEP]")
 
 
 def fail(msg):
-    print(f"tokenize: {msg}", file=sys.stderr)
+    print(f"text-to-tokens: {msg}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -1,4 +1,4 @@
-"""tools/tokenize.py: text and JSON lines to token files. With --bytes (always here): every document's UTF-8 bytes
+"""tools/text-to-tokens.py: text and JSON lines to token files. With --bytes (always here): every document's UTF-8 bytes
 followed by the end-of-document id 256, documents shuffled by the seed (the same seed, the same files; another,
 another order), a validation share, and piper trains on the result with model.vocab = 257 (its first loss near
 ln 257). With a tokenizer.json (where an interpreter has the `tokenizers` package; TOKENIZERS_PYTHON names one),
@@ -11,7 +11,7 @@ import sys
 
 from common import DATA, ROOT, fail, losses, run, tempdir, tiny_gpt, write
 
-TOOL = os.path.join(ROOT, "tools", "tokenize.py")
+TOOL = os.path.join(ROOT, "tools", "text-to-tokens.py")
 
 
 def tokenize(*args, python=sys.executable, want=0):
