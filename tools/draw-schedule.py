@@ -94,6 +94,7 @@ def main():
     data = json.load(open(a.timeline))
     events = data["traceEvents"] if isinstance(data, dict) else data
     predicted = isinstance(data, dict) and data.get("predicted", False)
+    uniform = isinstance(data, dict) and data.get("uniform", False)  # the uniform cost model: F = 1 unit (1000 "us")
     step = a.step
     if step is None:
         steps = sorted({e["args"]["step"] for e in events if e.get("ph") == "X" and "step" in e.get("args", {})})
@@ -122,7 +123,8 @@ def main():
     ax.set_yticklabels([f"rank {rank}" + (f" (set {rows[pid]['set']})" if rows[pid]["set"] is not None else "")
                         for rank, pid in lanes], fontsize=8)
     ax.set_ylim(0, len(lanes))
-    ax.set_xlabel("time (ms" + (", predicted by the cost model)" if predicted else ")"))
+    ax.set_xlabel("time (units: F = 1, B = 2; the uniform cost model)" if uniform
+                  else "time (ms" + (", predicted by the cost model)" if predicted else ")"))
     ax.grid(axis="x", alpha=0.3)
     kinds = sorted({b["kind"] for r in rows.values() for b in r["passes"]}, key=list(COLORS).index)
     comms = sorted({c["kind"] for r in rows.values() for c in r["comm"]})

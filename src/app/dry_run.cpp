@@ -79,7 +79,8 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 // uniform units scaled by 1000): one process per device set (its first rank; "ranks" lists all of the set's), one
 // thread per stream.
 std::string predicted_timeline_json(const CompileResult& r) {
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"predicted\":true,\"traceEvents\":[\n";
+  std::string out = cat("{\"displayTimeUnit\":\"ms\",\"predicted\":true,", r.cost.uniform ? "\"uniform\":true," : "",
+                        "\"traceEvents\":[\n");
   const double scale = r.cost.uniform ? 1e3 : 1e6;
   bool first = true;
   for (size_t s = 0; s < r.bodies.size(); ++s) {
