@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "app/fit_memory.hpp"
+#include "util/byte_size.hpp"
 #include "util/error.hpp"
 
 namespace po = boost::program_options;

@@ -54,7 +54,5 @@ void print_fit_report(const FitReport& r);
 // Writes the report as one JSON object (the value after a key(), or an array element).
 void fit_report_json(JsonWriter& w, const FitReport& r);
 
-// "80GiB", "512 MiB", "1.5TB", "1e9": bytes. Throws UserError naming `what` for anything else.
-uint64_t parse_byte_size(const std::string& text, const std::string& what);
 
 }  // namespace piper

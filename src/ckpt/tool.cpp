@@ -7,13 +7,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
 #include <sstream>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/file_writer.hpp"
+#include "ckpt/hf_config.hpp"
 #include "ckpt/hf_names.hpp"
 #include "ckpt/reader.hpp"
 #include "ckpt/safetensors.hpp"
@@ -21,6 +25,7 @@
 #include "config/load.hpp"
 #include "data/data.hpp"
 #include "model/family.hpp"
+#include "util/byte_size.hpp"
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 
@@ -40,9 +45,10 @@ const char* ckpt_tool_usage() {
          "                                   (default 0 and 0: any difference), or a tensor is missing or reshaped\n"
          "  verify FILE|DIR                  checksums, readable finite tensors, step = name; exit 1 if any fails\n"
          "  meta FILE                        the job text, layout, model and data the file was written with\n"
-         "  export FILE --to OUT.safetensors [--dtype fp32|bf16]\n"
+         "  export FILE --to OUT.safetensors|DIR [--dtype fp32|bf16] [--max-shard-size 5GB]\n"
          "                                   the parameters with Hugging Face names (GPT-2: GPT2LMHeadModel), as\n"
-         "                                   float32 (default) or rounded to bfloat16\n"
+         "                                   float32 (default) or rounded to bfloat16; to DIR: a model folder for\n"
+         "                                   from_pretrained (config.json, shards and their index past the size)\n"
          "  import IN.safetensors --job JOB.toml [--set KEY=VALUE ...] --to OUT.h5\n"
          "                                   a step-0 checkpoint of JOB's model with these weights and fresh\n"
          "                                   optimizer state, to start a fine-tuning run with --resume OUT.h5\n"
@@ -50,6 +56,49 @@ const char* ckpt_tool_usage() {
 }
 
 namespace {
+
+// A Hugging Face model folder at `dir` (which must not exist): config.json and the tensors, one file or shards of
+// at most `max_shard` bytes each (a larger tensor alone in its shard) listed by model.safetensors.index.json.
+// Written into a hidden sibling folder first and renamed, so `dir` appears complete or not at all.
+void write_model_folder(const std::string& dir, const std::string& config, const std::vector<NamedTensor>& tensors,
+                        const std::map<std::string, std::string>& meta, bool bf16, uint64_t max_shard) {
+  const fs::path final_dir(dir), tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".partial");
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec) || ec)
+    throw SystemError(cat("export: cannot create ", tmp.string(), ": ", ec.message()));
+  try {
+    const uint64_t width = bf16 ? 2 : 4;
+    std::vector<std::vector<NamedTensor>> shards(1);
+    uint64_t in_shard = 0, total = 0;
+    for (const NamedTensor& t : tensors) {
+      const uint64_t bytes = uint64_t(t.data.size()) * width;
+      if (in_shard > 0 && in_shard + bytes > max_shard) shards.emplace_back(), in_shard = 0;
+      shards.back().push_back(t);
+      in_shard += bytes, total += bytes;
+    }
+    if (std::ofstream f(tmp / "config.json"); !(f << config).flush())
+      throw SystemError(cat("export: cannot write ", (tmp / "config.json").string()));
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      const std::string file = shards.size() == 1 ? "model.safetensors" : name;
+      write_safetensors((tmp / file).string(), shards[s], meta, bf16);
+      for (const NamedTensor& t : shards[s]) weight_map[t.name] = file;
+    }
+    if (shards.size() > 1) {
+      const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      if (std::ofstream f(tmp / "model.safetensors.index.json"); !(f << index.dump(2) << "\n").flush())
+        throw SystemError(cat("export: cannot write ", (tmp / "model.safetensors.index.json").string()));
+    }
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw SystemError(cat("export: cannot rename ", tmp.string(), " to ", dir, ": ", ec.message()));
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
 
 // The lines of ckpt_tool_usage() that describe `cmd` (its synopsis and what follows it up to the next command), or
 // "" for no such command.
@@ -313,7 +362,9 @@ int cmd_diff(const Args& a) {
       diff_sq += std::isnan(d) ? std::numeric_limits<double>::infinity() : d * d;
       if (!(d <= atol + rtol * std::fabs(double(y[i])))) ++beyond;
     }
-    const double rel = diff_sq == 0 ? 0 : ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::numeric_limits<double>::infinity();
+    const double rel = diff_sq == 0  ? 0
+                       : ref_sq > 0 ? std::sqrt(diff_sq / ref_sq)
+                                    : std::numeric_limits<double>::infinity();
     if (beyond) ++differing;
     std::printf("%-48s %14.6g %14.6g %12lld\n", p.c_str(), max_abs, rel, static_cast<long long>(beyond));
   }
@@ -377,15 +428,31 @@ int cmd_meta(const Args& a) {
   return kExitOk;
 }
 
+// --to OUT.safetensors: one file. --to DIR: a Hugging Face model folder, written under a temporary name and
+// renamed when complete: config.json, and model.safetensors or, past --max-shard-size, numbered shards with
+// model.safetensors.index.json. Neither ever replaces something that exists.
 int cmd_export(const Args& a) {
   need_positionals(a, 1, "export", "one checkpoint file");
-  if (!a.options.count("--to")) throw UserError("export: --to OUT.safetensors is required");
+  if (!a.options.count("--to"))
+    throw UserError("export: --to OUT.safetensors (a file) or --to DIR (a model folder) is required");
   const std::string dtype = a.options.count("--dtype") ? a.options.at("--dtype") : "fp32";
   if (dtype != "fp32" && dtype != "bf16")
     throw UserError(cat("export: --dtype ", dtype, ": expected fp32 or bf16"));
+  const uint64_t max_shard = parse_byte_size(a.options.count("--max-shard-size") ? a.options.at("--max-shard-size")
+                                                                                 : "5GB", "export: --max-shard-size");
+  const std::string to = a.options.at("--to");
+  std::error_code ec;
+  if (fs::exists(to, ec) || fs::is_symlink(to, ec))
+    throw UserError(cat("export: --to ", to, ": exists already (piper-ckpt never overwrites)"));
   CheckpointReader r(a.positional[0]);
   check_as_verify(r);
   const std::string kind = model_kind(r);
+  const bool folder = to.size() < 12 || to.compare(to.size() - 12, 12, ".safetensors") != 0;
+  std::vector<std::string> notes;
+  const std::string config =
+      folder ? hf_config_json(parse_model_keys_text(r.attribute("model")), dtype == "bf16" ? "bfloat16" : "float32",
+                              notes)
+             : "";
   std::vector<NamedTensor> out;
   for (const auto& t : r.tensors()) {
     if (t.path.rfind("params/", 0) != 0) continue;
@@ -393,11 +460,17 @@ int cmd_export(const Args& a) {
     out.push_back(to_hf(kind, p));
   }
   std::sort(out.begin(), out.end(), [](const NamedTensor& x, const NamedTensor& y) { return x.name < y.name; });
-  write_safetensors(a.options.at("--to"), out,
-                    {{"format", "pt"}, {"piper_model", r.attribute("model")}, {"piper_step", r.attribute("step")}},
-                    dtype == "bf16");
-  std::printf("exported %zu tensors of %s (model %s) to %s as %s\n", out.size(), r.path().c_str(), kind.c_str(),
-              a.options.at("--to").c_str(), dtype == "bf16" ? "bfloat16" : "float32");
+  const std::map<std::string, std::string> meta = {
+      {"format", "pt"}, {"piper_model", r.attribute("model")}, {"piper_step", r.attribute("step")}};
+  const bool bf16 = dtype == "bf16";
+  if (!folder) {
+    write_safetensors(to, out, meta, bf16);
+  } else {
+    write_model_folder(to, config, out, meta, bf16, max_shard);
+  }
+  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+  std::printf("exported %zu tensors of %s (model %s) to %s%s as %s\n", out.size(), r.path().c_str(), kind.c_str(),
+              to.c_str(), folder ? " (a Hugging Face model folder)" : "", bf16 ? "bfloat16" : "float32");
   return kExitOk;
 }
 
@@ -506,7 +579,7 @@ int ckpt_tool(const std::vector<std::string>& args) {
   if (cmd == "diff") return cmd_diff(parse(words, 1, {}, {"--rtol", "--atol", "--only"}));
   if (cmd == "verify") return cmd_verify(parse(words, 1, {}, {}));
   if (cmd == "meta") return cmd_meta(parse(words, 1, {}, {}));
-  if (cmd == "export") return cmd_export(parse(words, 1, {}, {"--to", "--dtype"}));
+  if (cmd == "export") return cmd_export(parse(words, 1, {}, {"--to", "--dtype", "--max-shard-size"}));
   if (cmd == "import") return cmd_import(parse(words, 1, {}, {"--to", "--job", "--set"}));
   throw UserError(cat("unknown command '", cmd, "' (ls, show, diff, verify, meta, export, import)"));
 }
