@@ -2,6 +2,8 @@
 // own key order; the values come from the checkpoint's model keys, so nothing is transcribed by hand.
 #include "ckpt/hf_config.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -89,7 +91,82 @@ Json qwen3(const Keys& m, std::vector<std::string>& notes) {
   return c;
 }
 
+// transformers' key → piper's, for the keys that shape the model (what import compares)
+const std::vector<std::pair<const char*, const char*>>& shaping_keys(const std::string& kind) {
+  static const std::vector<std::pair<const char*, const char*>> gpt = {
+      {"model_type", "kind"},        {"vocab_size", "vocab"},  {"n_positions", "seq_len"},
+      {"n_embd", "d_model"},         {"n_layer", "n_layers"},  {"n_head", "n_heads"},
+      {"n_inner", "d_ff"},           {"activation_function", ""}, {"layer_norm_epsilon", ""}};
+  static const std::vector<std::pair<const char*, const char*>> qwen = {
+      {"model_type", "kind"},
+      {"vocab_size", "vocab"},
+      {"hidden_size", "d_model"},
+      {"intermediate_size", "d_ff"},
+      {"num_hidden_layers", "n_layers"},
+      {"num_attention_heads", "n_heads"},
+      {"num_key_value_heads", "n_kv_heads"},
+      {"head_dim", "head_dim"},
+      {"rms_norm_eps", "norm_eps"},
+      {"rope_theta", "rope_theta"},
+      {"rope_scaling", ""},
+      {"tie_word_embeddings", "tie_embeddings"},
+      {"hidden_act", ""},
+      {"attention_bias", ""},
+      {"num_experts", "moe.experts"},
+      {"num_experts_per_tok", "moe.top_k"},
+      {"moe_intermediate_size", "moe.d_expert"},
+      {"decoder_sparse_step", "moe.every"},
+      {"mlp_only_layers", ""},
+      {"norm_topk_prob", "moe.norm_topk_prob"}};
+  return kind == "gpt" ? gpt : qwen;
+}
+
+bool same_value(const Json& a, const Json& b) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return x == y || std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
+  }
+  return a == b;
+}
+
 }  // namespace
+
+std::vector<std::string> hf_config_mismatches(const std::string& text, const std::string& path,
+                                              const std::vector<std::pair<std::string, std::string>>& model_keys) {
+  Json theirs;
+  try {
+    theirs = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    throw UserError(cat(path, ": not JSON (", e.what(), ")"));
+  }
+  if (!theirs.is_object()) throw UserError(cat(path, ": not a JSON object"));
+  std::vector<std::string> notes;
+  const Json ours = Json::parse(hf_config_json(model_keys, "float32", notes));
+  Keys m;
+  for (const auto& [k, v] : model_keys) m.v[k] = v;
+  // transformers 5 writes the rope base inside rope_parameters
+  if (!theirs.contains("rope_theta") && theirs.contains("rope_parameters") && theirs["rope_parameters"].is_object() &&
+      theirs["rope_parameters"].contains("rope_theta"))
+    theirs["rope_theta"] = theirs["rope_parameters"]["rope_theta"];
+  if (theirs.contains("n_inner") && theirs["n_inner"].is_null() && theirs.contains("n_embd") &&
+      theirs["n_embd"].is_number())
+    theirs["n_inner"] = 4 * theirs["n_embd"].get<int64_t>();  // GPT-2's null: 4 n_embd
+  std::vector<std::string> out;
+  for (const auto& [hf, piper] : shaping_keys(m.at("kind"))) {
+    if (!theirs.contains(hf) || !ours.contains(hf)) continue;
+    const Json& t = theirs[hf];
+    const Json& o = ours[hf];
+    const std::string who = *piper ? cat("model.", piper) : std::string("piper's fixed choice");
+    if (std::string(hf) == "max_position_embeddings") continue;
+    if (!same_value(t, o))
+      out.push_back(cat(path, ": ", hf, " = ", t.dump(), " but the job's model has ", o.dump(), " (", who, ")"));
+  }
+  if (theirs.contains("max_position_embeddings") && theirs["max_position_embeddings"].is_number() &&
+      theirs["max_position_embeddings"].get<double>() < double(m.i("seq_len")))
+    out.push_back(cat(path, ": max_position_embeddings = ", theirs["max_position_embeddings"].dump(),
+                      " is shorter than the job's model.seq_len = ", m.at("seq_len")));
+  return out;
+}
 
 std::string hf_config_json(const std::vector<std::pair<std::string, std::string>>& model_keys,
                            const std::string& torch_dtype, std::vector<std::string>& notes) {

@@ -14,4 +14,11 @@ namespace piper {
 std::string hf_config_json(const std::vector<std::pair<std::string, std::string>>& model_keys,
                            const std::string& torch_dtype, std::vector<std::string>& notes);
 
+// Where a model folder's config.json (the text of file `path`) disagrees with the model of a job (its model keys):
+// one line per key that shapes the model, naming the transformers key and piper's, and both values; empty when
+// they agree. Keys the file leaves out take transformers' meaning as absent and are not compared; the file's
+// max_position_embeddings need only cover the job's seq_len. Throws UserError when the text is not a JSON object.
+std::vector<std::string> hf_config_mismatches(const std::string& text, const std::string& path,
+                                              const std::vector<std::pair<std::string, std::string>>& model_keys);
+
 }  // namespace piper

@@ -49,7 +49,7 @@ const char* ckpt_tool_usage() {
          "                                   the parameters with Hugging Face names (GPT-2: GPT2LMHeadModel), as\n"
          "                                   float32 (default) or rounded to bfloat16; to DIR: a model folder for\n"
          "                                   from_pretrained (config.json, shards and their index past the size)\n"
-         "  import IN.safetensors --job JOB.toml [--set KEY=VALUE ...] --to OUT.h5\n"
+         "  import IN.safetensors|INDEX.json|DIR --job JOB.toml [--set KEY=VALUE ...] --to OUT.h5\n"
          "                                   a step-0 checkpoint of JOB's model with these weights and fresh\n"
          "                                   optimizer state, to start a fine-tuning run with --resume OUT.h5\n"
          "exit codes: 0 done, 1 a difference or a damaged file found, 2 bad input\n";
@@ -98,6 +98,70 @@ void write_model_folder(const std::string& dir, const std::string& config, const
     fs::remove_all(tmp, ec);
     throw;
   }
+}
+
+// The tensors of what import is given: a .safetensors file; a model.safetensors.index.json (its shards, from its
+// folder); or a model folder (its index, else its model.safetensors). A folder's config.json, where there is one,
+// must describe the job's model: each key that disagrees is named (an error, exit 2).
+SafetensorsFile read_model_files(const std::string& in, const std::vector<std::pair<std::string, std::string>>& keys) {
+  std::error_code ec;
+  fs::path index, folder;
+  if (fs::is_directory(in, ec)) {
+    folder = in;
+    if (fs::exists(folder / "model.safetensors.index.json", ec)) index = folder / "model.safetensors.index.json";
+    else if (!fs::exists(folder / "model.safetensors", ec))
+      throw UserError(cat("import: ", in, ": a folder with neither model.safetensors nor model.safetensors.index.json"));
+  } else if (in.size() >= 5 && in.compare(in.size() - 5, 5, ".json") == 0) {
+    index = in;
+    folder = fs::path(in).parent_path();
+  } else {
+    return read_safetensors(in);
+  }
+  if (const fs::path config = folder / "config.json"; fs::exists(config, ec)) {
+    std::ifstream f(config);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::vector<std::string> wrong = hf_config_mismatches(text, config.string(), keys);
+    if (!wrong.empty()) {
+      std::string all;
+      for (const std::string& w : wrong) all += "\n  " + w;
+      throw UserError(cat("import: the folder's config.json does not describe the job's model (fix the job or its ",
+                          "--set):", all));
+    }
+  }
+  if (index.empty()) return read_safetensors((folder / "model.safetensors").string());
+  std::ifstream f(index);
+  if (!f) throw UserError(cat("import: ", index.string(), ": cannot be read"));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UserError(cat("import: ", index.string(), ": not JSON (", e.what(), ")"));
+  }
+  if (!doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object())
+    throw UserError(cat("import: ", index.string(), ": no weight_map object"));
+  std::map<std::string, std::string> file_of;  // tensor → shard, as the index says
+  for (const auto& [name, file] : doc["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+      throw UserError(cat("import: ", index.string(), ": weight_map['", name, "'] is not a file name in its folder"));
+    file_of[name] = file.get<std::string>();
+  }
+  SafetensorsFile all;
+  std::set<std::string> shards;
+  for (const auto& [name, file] : file_of) shards.insert(file);
+  for (const std::string& file : shards) {
+    SafetensorsFile one = read_safetensors((folder / file).string());
+    for (NamedTensor& t : one.tensors) {
+      auto it = file_of.find(t.name);
+      if (it == file_of.end() || it->second != file)
+        throw UserError(cat("import: ", (folder / file).string(), ": tensor '", t.name, "' is not listed there by ",
+                            index.string()));
+      file_of.erase(it);
+      all.tensors.push_back(std::move(t));
+    }
+  }
+  if (!file_of.empty())
+    throw UserError(cat("import: ", index.string(), ": tensor '", file_of.begin()->first, "' is in none of its shards"));
+  return all;
 }
 
 // The lines of ckpt_tool_usage() that describe `cmd` (its synopsis and what follows it up to the next command), or
@@ -475,7 +539,7 @@ int cmd_export(const Args& a) {
 }
 
 int cmd_import(const Args& a) {
-  need_positionals(a, 1, "import", "one safetensors file");
+  need_positionals(a, 1, "import", "one safetensors file, index or model folder");
   if (!a.options.count("--job")) throw UserError("import: --job JOB.toml is required (it names the model)");
   if (!a.options.count("--to")) throw UserError("import: --to OUT.h5 is required");
   const std::string in = a.positional[0], out = a.options.at("--to");
@@ -492,7 +556,7 @@ int cmd_import(const Args& a) {
   std::map<std::string, const ParamSpec*> wanted;
   for (const ParamSpec& p : model.params) wanted[p.name] = &p;
   const bool tied_head = !wanted.count("lm_head.weight");
-  SafetensorsFile st = read_safetensors(in);
+  SafetensorsFile st = read_model_files(in, model_key_values(spec.model));
   std::map<std::string, NamedTensor> got;
   std::vector<std::string> unknown;
   for (const NamedTensor& t : st.tensors) {
