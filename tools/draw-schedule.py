@@ -12,28 +12,13 @@ or pip; run under an interpreter without it, the script runs itself again with /
 """
 import argparse
 import json
-import os
 import re
 import sys
 
+from pyplot_import import pyplot
+
 COLORS = {"F": "#4c72b0", "B": "#55a868", "BI": "#dd8452", "BW": "#8172b2", "R": "#64b5cd", "UPDATE": "#969696"}
 COMM_COLORS = {"p2p": "#c44e52", "collective": "#937860", "all_to_all": "#da8bc3"}
-
-
-def import_pyplot():
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-        return plt, Patch
-    except ImportError:
-        system = "/usr/bin/python3"
-        if os.path.realpath(sys.executable) != os.path.realpath(system) and os.path.exists(system) \
-                and os.environ.get("PIPER_PLOT_REEXEC") is None:
-            os.environ["PIPER_PLOT_REEXEC"] = "1"
-            os.execv(system, [system] + sys.argv)
-        sys.exit("draw-schedule: matplotlib is not installed: apt install python3-matplotlib, or pip install matplotlib")
 
 
 def comm_kind(name):
@@ -104,7 +89,8 @@ def main():
         sys.exit("draw-schedule: no compute passes found in " + a.timeline)
     lanes = sorted(((rank, pid) for pid, r in rows.items() for rank in r["ranks"]))  # a row per rank
     t0 = min(b["start"] for r in rows.values() for b in r["passes"] + r["comm"])
-    plt, Patch = import_pyplot()
+    plt = pyplot("draw-schedule")
+    from matplotlib.patches import Patch
     fig, ax = plt.subplots(figsize=(a.width, 0.75 + 0.62 * len(lanes)))
     ms = 1e-3  # trace times are microseconds
     for i, (rank, pid) in enumerate(lanes):

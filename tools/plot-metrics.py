@@ -15,23 +15,10 @@ import json
 import os
 import sys
 
+from pyplot_import import pyplot
+
 PANELS = [("loss", "loss"), ("lr", "learning rate"), ("grad_norm", "gradient norm"),
           ("tokens_per_s", "tokens/s"), ("mfu", "MFU (%)")]
-
-
-def import_pyplot():
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        return plt
-    except ImportError:
-        system = "/usr/bin/python3"
-        if os.path.realpath(sys.executable) != os.path.realpath(system) and os.path.exists(system) \
-                and os.environ.get("PIPER_PLOT_REEXEC") is None:
-            os.environ["PIPER_PLOT_REEXEC"] = "1"
-            os.execv(system, [system] + sys.argv)
-        sys.exit("plot-metrics: matplotlib is not installed: apt install python3-matplotlib, or pip install matplotlib")
 
 
 def read_metrics(path):
@@ -78,7 +65,7 @@ def main():
     if a.label and len(a.label) != len(a.metrics):
         sys.exit(f"plot-metrics: {len(a.label)} --label for {len(a.metrics)} files")
     runs = [(a.label[i] if a.label else os.path.basename(p), read_metrics(p)) for i, p in enumerate(a.metrics)]
-    plt = import_pyplot()
+    plt = pyplot("plot-metrics")
     panels = [(key, title) for key, title in PANELS if any(key in cols for _, cols in runs)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), sharex=True, squeeze=False)
     drawn = {}
