@@ -17,6 +17,17 @@ struct HfName {
   bool transposed = false;  // stored (in, out) where piper keeps (out, in): GPT-2's Conv1D weights
 };
 
+// One key of a Hugging Face config.json for a model of the family.
+struct HfConfigKey {
+  std::string name;       // transformers' key
+  std::string json;       // its value, as JSON text
+  std::string piper_key;  // the model key it follows ("" for a choice piper fixes)
+  bool shapes = false;    // it shapes the model: an imported folder's config.json must agree
+  bool at_least = false;  // a bound the file's value may exceed (max_position_embeddings over seq_len)
+};
+// The model keys as "key=value" pairs (model_key_values), for the functions below.
+using ModelKeyValues = std::vector<std::pair<std::string, std::string>>;
+
 struct Family {
   std::string kind;           // model.kind
   bool reads_tokens = true;   // needs data.path (a token file); else a synthetic task
@@ -30,6 +41,10 @@ struct Family {
   // piper does not keep (buffers), and the name unchanged for one it does not know.
   HfName (*to_hf)(const std::string& piper_name) = nullptr;
   HfName (*from_hf)(const std::string& hf_name) = nullptr;
+  // config.json of the family's transformers class for a model (null: there is none), in transformers' key order.
+  // Throws UserError naming the key for a model transformers cannot express; `notes` gets a line per setting it
+  // ignores.
+  std::vector<HfConfigKey> (*hf_config)(const ModelKeyValues& keys, std::vector<std::string>& notes) = nullptr;
 };
 
 // The keys every decoder-only transformer family starts with: vocab, seq_len, d_model, n_layers, n_heads.

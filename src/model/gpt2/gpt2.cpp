@@ -88,7 +88,7 @@ const Family& gpt2_family() {
   static const Family f{.kind = "gpt", .reads_tokens = true, .keys = keys(), .build = build,
                         .segment_types = {&gpt2::embedding_type(), &gpt2::attention_type(), &gpt2::mlp_type(),
                                           &gpt2::head_type(), &gpt2::loss_type()},
-                        .to_hf = gpt2::to_hf, .from_hf = gpt2::from_hf};
+                        .to_hf = gpt2::to_hf, .from_hf = gpt2::from_hf, .hf_config = gpt2::hf_config};
   return f;
 }
 

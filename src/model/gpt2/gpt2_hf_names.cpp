@@ -1,9 +1,10 @@
 // GPT-2's parameter names as Hugging Face's GPT2LMHeadModel has them: one table of name pairs per block
-// and one for the rest; the four Conv1D weights are stored transposed there, (in, out).
+// and one for the rest; the four Conv1D weights are stored transposed there, (in, out). And its config.json.
 #include "model/gpt2/gpt2_hf_names.hpp"
 
 #include <vector>
 
+#include "model/hf_config_keys.hpp"
 #include "util/error.hpp"
 
 namespace piper::gpt2 {
@@ -72,6 +73,25 @@ HfName from_hf(const std::string& hf_name) {
   for (const Pair& p : top_pairs())
     if (name == p.hf) return {p.piper, false};
   return {hf_name, false};  // reported by the caller as a tensor the model does not have
+}
+
+std::vector<HfConfigKey> hf_config(const ModelKeyValues& keys, std::vector<std::string>&) {
+  HfConfigBuilder c(keys);
+  c.fixed("architectures", R"(["GPT2LMHeadModel"])");
+  c.fixed("model_type", R"("gpt2")", true);
+  c.follow("vocab_size", "vocab");
+  c.follow("n_positions", "seq_len");
+  c.follow("n_embd", "d_model");
+  c.follow("n_layer", "n_layers");
+  c.follow("n_head", "n_heads");
+  c.follow("n_inner", "d_ff");
+  c.fixed("activation_function", R"("gelu_new")", true);  // the tanh approximation piper's GELU is
+  c.fixed("layer_norm_epsilon", "1e-05", true);
+  for (const char* p : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) c.fixed(p, "0.0");
+  c.fixed("tie_word_embeddings", "true", true);
+  c.fixed("bos_token_id", "null");
+  c.fixed("eos_token_id", "null");
+  return c.take();
 }
 
 }  // namespace piper::gpt2

@@ -1,5 +1,5 @@
-// GPT-2's parameter names to and from Hugging Face's GPT2LMHeadModel (Family::to_hf / from_hf): names
-// are taken with or without the "transformer." prefix; the causal-mask buffers are not parameters.
+// GPT-2 as Hugging Face's GPT2LMHeadModel: parameter names both ways (Family::to_hf / from_hf; names taken with or
+// without the "transformer." prefix, the causal-mask buffers not parameters) and config.json (Family::hf_config).
 #pragma once
 #include <string>
 
@@ -9,5 +9,6 @@ namespace piper::gpt2 {
 
 HfName to_hf(const std::string& piper_name);
 HfName from_hf(const std::string& hf_name);
+std::vector<HfConfigKey> hf_config(const ModelKeyValues& keys, std::vector<std::string>& notes);
 
 }  // namespace piper::gpt2

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "model/family.hpp"
+#include "model/qwen3/qwen3_hf_config.hpp"
 #include "model/qwen3/qwen3_segments.hpp"
 #include "util/error.hpp"
 
@@ -185,7 +186,8 @@ const Family& qwen3_family() {
                         .segment_types = {&qwen3::embed_type(), &qwen3::attention_type(), &qwen3::mlp_type(),
                                           &qwen3::moe_dispatch_type(), &qwen3::moe_experts_type(),
                                           &qwen3::moe_combine_type(), &qwen3::head_type(),
-                                          &qwen3::loss_type()}};
+                                          &qwen3::loss_type()},
+                        .hf_config = qwen3::hf_config};
   return f;
 }
 
