@@ -38,6 +38,30 @@ __device__ inline int64_t head_offset(int b, int head, int T, int heads, int D) 
 // The head dimension D padded with zero columns to a multiple of 16, the k of the wmma products.
 __host__ __device__ inline int padded(int D) { return (D + 15) / 16 * 16; }
 
+// One warp: out1(16, 16·tiles) = A1(16, Dp) · B1(16·tiles, Dp)ᵀ and out2 = A2 · B2ᵀ alike (the two products the
+// backward passes make of each tile), wmma 16×16×16 with fp32 accumulators. A and B are bf16 rows of stride ldh;
+// the outputs fp32, row-major with stride ldo.
+__device__ inline void two_products_abt(float* out1, float* out2, const bf16* a1, const bf16* b1, const bf16* a2,
+                                        const bf16* b2, int ldh, int ldo, int Dp, int tiles) {
+  for (int n = 0; n < tiles; ++n) {
+    FragC acc1, acc2;
+    wmma::fill_fragment(acc1, 0.f);
+    wmma::fill_fragment(acc2, 0.f);
+    for (int kk = 0; kk < Dp; kk += 16) {
+      FragA a;
+      FragBt bt;
+      wmma::load_matrix_sync(a, a1 + kk, ldh);
+      wmma::load_matrix_sync(bt, b1 + n * 16 * ldh + kk, ldh);
+      wmma::mma_sync(acc1, a, bt, acc1);
+      wmma::load_matrix_sync(a, a2 + kk, ldh);
+      wmma::load_matrix_sync(bt, b2 + n * 16 * ldh + kk, ldh);
+      wmma::mma_sync(acc2, a, bt, acc2);
+    }
+    wmma::store_matrix_sync(out1 + n * 16, acc1, ldo, wmma::mem_row_major);
+    wmma::store_matrix_sync(out2 + n * 16, acc2, ldo, wmma::mem_row_major);
+  }
+}
+
 // dst(n, ld) bf16, Dp = padded(D) columns = rows [r0, r0 + n) of a (T, D) fp32 view with row stride `stride`,
 // rounded to nearest even; rows past T and columns past D are zero. The whole block copies.
 __device__ inline void load_rows_bf16(bf16* dst, int ld, const float* src, int64_t stride, int r0, int n, int T,
@@ -246,23 +270,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     if (i0 + r0 >= T) continue;  // uniform over the warp; no barrier below
     // S_w(16, 64) = Q_w · K_tileᵀ; dP_w(16, 64) = dY_w · V_tileᵀ
-    for (int n = 0; n < kKeyTile / 16; ++n) {
-      FragC s_acc, dp_acc;
-      wmma::fill_fragment(s_acc, 0.f);
-      wmma::fill_fragment(dp_acc, 0.f);
-      for (int kk = 0; kk < Dp; kk += 16) {
-        FragA a;
-        FragBt bt;
-        wmma::load_matrix_sync(a, qs + r0 * ldh + kk, ldh);
-        wmma::load_matrix_sync(bt, ks + n * 16 * ldh + kk, ldh);
-        wmma::mma_sync(s_acc, a, bt, s_acc);
-        wmma::load_matrix_sync(a, gs + r0 * ldh + kk, ldh);
-        wmma::load_matrix_sync(bt, vs + n * 16 * ldh + kk, ldh);
-        wmma::mma_sync(dp_acc, a, bt, dp_acc);
-      }
-      wmma::store_matrix_sync(ss + r0 * lds + n * 16, s_acc, lds, wmma::mem_row_major);
-      wmma::store_matrix_sync(dps + r0 * lds + n * 16, dp_acc, lds, wmma::mem_row_major);
-    }
+    two_products_abt(ss + r0 * lds, dps + r0 * lds, qs + r0 * ldh, ks, gs + r0 * ldh, vs, ldh, lds, Dp,
+                     kKeyTile / 16);
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < 16; ++r) {  // lane owns keys j0 + lane and j0 + lane + 32 of row i
@@ -372,23 +381,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       // uniform over the warp: its keys exist and the tile's last query sees the first of them; no barrier below
       if (jw >= T || jw > i0 + kQueryTile - 1) continue;
       // Sᵀ_w(16, 32) = K_w(16, D) · Q_tile(32, D)ᵀ; dPᵀ_w(16, 32) = V_w · dY_tileᵀ
-      for (int n = 0; n < kQueryTile / 16; ++n) {
-        FragC s_acc, dp_acc;
-        wmma::fill_fragment(s_acc, 0.f);
-        wmma::fill_fragment(dp_acc, 0.f);
-        for (int kk = 0; kk < Dp; kk += 16) {
-          FragA a;
-          FragBt bt;
-          wmma::load_matrix_sync(a, ks + r0 * ldh + kk, ldh);
-          wmma::load_matrix_sync(bt, qs + n * 16 * ldh + kk, ldh);
-          wmma::mma_sync(s_acc, a, bt, s_acc);
-          wmma::load_matrix_sync(a, vs + r0 * ldh + kk, ldh);
-          wmma::load_matrix_sync(bt, gs + n * 16 * ldh + kk, ldh);
-          wmma::mma_sync(dp_acc, a, bt, dp_acc);
-        }
-        wmma::store_matrix_sync(st + r0 * ldt + n * 16, s_acc, ldt, wmma::mem_row_major);
-        wmma::store_matrix_sync(dpt + r0 * ldt + n * 16, dp_acc, ldt, wmma::mem_row_major);
-      }
+      two_products_abt(st + r0 * ldt, dpt + r0 * ldt, ks + r0 * ldh, qs, vs + r0 * ldh, gs, ldh, ldt, Dp,
+                       kQueryTile / 16);
       __syncwarp();
       for (int r = 0; r < 16; ++r) {  // key j = jw + r; lane owns query i = i0 + lane
         const int j = jw + r, i = i0 + lane;
