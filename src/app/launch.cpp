@@ -56,6 +56,15 @@ JobSpec load_and_check(const CliOptions& opts, int world) {
     d.seq_len = spec.model.seq_len;
     d.batch = spec.data.batch;
     validate_data(d);
+    if (!spec.eval.path.empty()) {  // the validation file: the same checks, named as eval.path
+      d.path = spec.eval.path;
+      d.token_bytes = 0;
+      try {
+        validate_data(d);
+      } catch (const UserError& e) {
+        throw UserError(cat("[eval] ", e.what()));
+      }
+    }
   }
   if (!spec.checkpoint.dir.empty()) {
     std::string why = unwritable_reason(spec.checkpoint.dir);

@@ -32,7 +32,8 @@ std::string cell(double v) {
 std::string metrics_csv_row(const MetricsCsvRow& r) {
   return cat(r.step, ",", cell(r.loss), ",", cell(r.lr), ",", cell(r.grad_norm), ",", cell(r.tokens_per_s), ",",
              cell(r.ms), ",", cell(r.flops_per_s), ",", cell(r.mfu), ",", r.peak_bytes, ",",
-             r.balance ? cell(r.xent) : "", ",", r.balance ? cell(r.balance_loss) : "", ",", r.skipped ? "1" : "");
+             r.balance ? cell(r.xent) : "", ",", r.balance ? cell(r.balance_loss) : "", ",", r.skipped ? "1" : "", ",",
+             r.evaluated ? cell(r.val_loss) : "");
 }
 
 int64_t metrics_line_step(const std::string& line) {

@@ -19,7 +19,7 @@ int64_t metrics_line_step(const std::string& line);
 // A --metrics path ending in .csv: rows of kMetricsCsvHeader's columns
 bool metrics_is_csv(const std::string& path);
 inline constexpr const char* kMetricsCsvHeader =
-    "step,loss,lr,grad_norm,tokens_per_s,ms,flops_per_s,mfu,peak_bytes,xent,balance_loss,skipped";
+    "step,loss,lr,grad_norm,tokens_per_s,ms,flops_per_s,mfu,peak_bytes,xent,balance_loss,skipped,val_loss";
 
 // One step's values in the CSV columns; xent and balance_loss only with a balance loss (else empty cells).
 struct MetricsCsvRow {
@@ -29,6 +29,8 @@ struct MetricsCsvRow {
   bool balance = false;
   double xent = 0, balance_loss = 0;
   bool skipped = false;
+  bool evaluated = false;  // val_loss holds the step's evaluation ([eval]); else an empty cell
+  double val_loss = 0;
 };
 std::string metrics_csv_row(const MetricsCsvRow& r);
 

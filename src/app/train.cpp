@@ -318,6 +318,21 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
       auto ev = ex.take_events();
       trace.insert(trace.end(), ev.begin(), ev.end());
     }
+    // [eval]: the validation file's mean cross-entropy with this step's weights, every eval_every steps and after
+    // the last (every rank runs the batches; they change nothing a training step carries on)
+    const bool evaluated = plan.eval_every > 0 && ((step + 1) % plan.eval_every == 0 || step + 1 == end);
+    double val_loss = 0, eval_ms = 0;
+    if (evaluated) {
+      const double e0 = now_seconds();
+      double sum = 0;
+      for (int64_t b = 0; b < plan.eval_batches; ++b) {
+        const StepMetrics e = ex.run_eval_step(b);
+        sum += e.loss - e.balance_loss;
+      }
+      val_loss = sum / double(plan.eval_batches);
+      eval_ms = (now_seconds() - e0) * 1e3;
+      ex.take_events();  // not the training step's timeline
+    }
     if (rank == 0) {
       const std::vector<LayerRouting> routing = routing_report(plan.segments, plan.dims, m.routing);
       if ((step + 1) % plan.log_every == 0 || step + 1 == end) {
@@ -331,6 +346,11 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                     memory_text(ex.buffers().stats().peak_total).c_str(), duration_text(eta).c_str(),
                     routing_step_text(routing).c_str());
       }
+      if (evaluated)
+        std::printf("eval %6lld/%lld | val_loss %.6f | %lld batches of %d sequences from %s | %8.2f ms\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(end), val_loss,
+                    static_cast<long long>(plan.eval_batches), plan.eval_data.batch, plan.eval_data.path.c_str(),
+                    eval_ms);
       std::fflush(stdout);
       if (!m.finite)
         std::printf("step %6lld: loss %g, gradient norm %g: not finite, no rank applied the update%s\n",
@@ -347,6 +367,7 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
                       json_number(m.balance_loss));
         if (!m.finite) extra += ", \"skipped\": true";
         if (plan.precision != Precision::Fp32) extra += cat(", \"precision\": \"", precision_name(plan.precision), "\"");
+        if (evaluated) extra += cat(", \"val_loss\": ", json_number(val_loss));
         std::string hardware;  // with recompute: the FLOP/s the hardware ran, reruns included, next to the model's
         if (rerun_flops_per_step > 0)
           hardware = cat(", \"hardware_flops_per_s\": ", json_number(hardware_flops_per_step / dt));
@@ -364,6 +385,8 @@ int train(const Plan& plan, const CliOptions& opts, MPI_Comm world) {
           row.xent = m.loss - m.balance_loss;
           row.balance_loss = m.balance_loss;
           row.skipped = !m.finite;
+          row.evaluated = evaluated;
+          row.val_loss = val_loss;
           metrics << metrics_csv_row(row) << '\n' << std::flush;
         } else {
           metrics << line << hardware << routing_json(routing) << "}\n" << std::flush;

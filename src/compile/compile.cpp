@@ -48,6 +48,14 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   d.batch = spec.data.batch;
   d.d_in = spec.model.d_in;
   d.n_classes = spec.model.n_classes;
+  if (!spec.eval.path.empty()) {  // the validation file, read in order from its start
+    p.eval_every = spec.eval.every;
+    p.eval_batches = spec.eval.batches;
+    p.eval_data = d;
+    p.eval_data.path = spec.eval.path;
+    p.eval_data.token_bytes = 0;
+    p.eval_data.sequential = true;
+  }
   p.dims = m.dims;
   p.params = m.params;
   p.segments = m.segments;

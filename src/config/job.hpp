@@ -60,6 +60,14 @@ struct DataSpec {
   int token_bytes = 0;            // bytes per token id: 0 = by the file name (.u32.bin, .u16.bin/.bin, else raw bytes)
 };
 
+// [eval]: the mean cross-entropy of a validation token file (val_loss), every `every` steps and after the last:
+// `batches` batches of data.batch sequences from the file's start, in order, with the weights of that step.
+struct EvalSpec {
+  std::string path;  // empty: no evaluation
+  int64_t every = 100;
+  int64_t batches = 4;
+};
+
 using OptimizerSpec = OptimizerConfig;
 
 struct CheckpointSpec {
@@ -156,6 +164,7 @@ struct JobSpec {
   JobSection job;
   ModelSpec model;
   DataSpec data;
+  EvalSpec eval;
   OptimizerSpec optimizer;
   CheckpointSpec checkpoint;
   MeshSpec mesh;

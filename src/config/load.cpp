@@ -186,6 +186,22 @@ void load_data(TomlReader& r, DataSpec& d, const ModelSpec& m) {
   }
 }
 
+void load_eval(TomlReader& r, EvalSpec& e, const ModelSpec& m) {
+  e.path = r.get_string("path", "");
+  e.every = r.get_int("every", e.every, 1, INT64_MAX);
+  e.batches = r.get_int("batches", e.batches, 1, 1 << 20);
+  r.finish();
+  if (!find_model_family_reader(m.kind)->reads_tokens)
+    throw UserError(cat(r.loc().str(), ": [eval]: model.kind = \"", m.kind, "\" trains on synthetic data; an ",
+                        "evaluation needs a token file"));
+  if (e.path.empty())
+    throw UserError(cat(r.loc().str(), ": eval.path: expected the path of a validation token file (",
+                        "tools/text-to-tokens.py writes STEM.val.u16.bin), found nothing"));
+  const std::string why = not_regular_file(e.path);
+  if (!why.empty()) r.error_msg("path", cat("'", e.path, "' ", why == "does not exist" ? "cannot be read" : why,
+                                           "; a validation token file must be one"));
+}
+
 void load_optimizer(TomlReader& r, OptimizerSpec& o) {
   o.kind = r.get_string("kind", o.kind, {"adamw"});
   o.lr = r.get_float("lr", o.lr, 0.0, 10.0, true);
@@ -513,6 +529,7 @@ JobSpec load_job_text(const std::string& text, const std::string& name, const st
   if (!root.contains("data") && find_model_family_reader(spec.model.kind)->reads_tokens)
     throw UserError(cat(name, ": [data]: missing; a ", spec.model.kind,
                         " model trains on a token file: add a [data] table with path = \"...\" (README, \"The job file\")"));
+  with("eval", [&](TomlReader& r) { load_eval(r, spec.eval, spec.model); });
   with("optimizer", [&](TomlReader& r) { load_optimizer(r, spec.optimizer); });
   with("checkpoint", [&](TomlReader& r) { load_checkpoint(r, spec.checkpoint, ctx); });
   with("mesh", [&](TomlReader& r) { load_mesh(r, spec.mesh); });

@@ -71,6 +71,14 @@ class PlanCheck {
     require(d.vocab == p_.dims.vocab && d.seq_len == p_.dims.seq_len && d.d_in == p_.dims.d_in &&
                 d.n_classes == p_.dims.n_classes,
             "data settings differ from the model's");
+    const DataConfig& e = p_.eval_data;
+    require(p_.eval_every >= 0 && p_.eval_batches >= 0 && (p_.eval_every == 0) == (p_.eval_batches == 0),
+            "eval every or batches out of range");
+    require(p_.eval_every == 0 || (e.kind == DataConfig::Kind::Tokens && d.kind == DataConfig::Kind::Tokens &&
+                                   e.batch == d.batch && e.vocab == d.vocab && e.seq_len == d.seq_len &&
+                                   (e.token_bytes == 0 || e.token_bytes == 1 || e.token_bytes == 2 ||
+                                    e.token_bytes == 4)),
+            "eval data settings differ from the training data's");
   }
 
   // ---------------------------------------------------------------- model

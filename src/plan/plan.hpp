@@ -14,7 +14,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 19;
+constexpr uint32_t kPlanVersion = 20;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -106,6 +106,10 @@ struct Plan {
   int threads = 0;
   OptimizerConfig optimizer;
   DataConfig data;
+  // [eval]: every eval_every steps (0: never) and after the last, eval_batches batches of eval_data (the validation
+  // file, read in order from its start)
+  int64_t eval_every = 0, eval_batches = 0;
+  DataConfig eval_data;
   ModelDims dims;
   std::vector<ParamSpec> params;
   std::vector<Segment> segments;

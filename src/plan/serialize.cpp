@@ -202,6 +202,9 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put<int32_t>(p.threads);
   put_optimizer(w, p.optimizer);
   put_data(w, p.data);
+  w.put(p.eval_every);
+  w.put(p.eval_batches);
+  put_data(w, p.eval_data);
   w.put(p.dims);
   w.put<uint32_t>(uint32_t(p.params.size()));
   for (const auto& ps : p.params) {
@@ -292,6 +295,9 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.threads = r.get<int32_t>();
   p.optimizer = get_optimizer(r);
   p.data = get_data(r);
+  p.eval_every = r.get<int64_t>();
+  p.eval_batches = r.get<int64_t>();
+  p.eval_data = get_data(r);
   p.dims = get_model_dims(r);
   uint32_t np = r.get_count(4 + 8 + 8 + 1 + 4 + 1 + 4);
   for (uint32_t i = 0; i < np; ++i) {

@@ -59,6 +59,7 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
     if (in.op == Op::Forward && plan_.segments[size_t(in.compute().segment)].type->data != DataSlot::None)
       needs_data = true;
   if (needs_data) data_ = std::make_unique<DataLoader>(plan_.data);
+  if (needs_data && plan_.eval_every > 0) eval_data_ = std::make_unique<DataLoader>(plan_.eval_data);
   if (data_) data_identity_ = data_->identity();
   else if (plan_.data.kind == DataConfig::Kind::Tokens) data_identity_ = file_identity(plan_.data.path);
 
@@ -236,6 +237,25 @@ StepMetrics Executor::run_step(int64_t step) {
   for (const auto& st : streams_) events.insert(events.end(), st.events.begin(), st.events.end());
   last_times_ = step_times(plan_, events, start, now_seconds() - t0_, group_sizes());
   return metrics_;
+}
+
+StepMetrics Executor::run_eval_step(int64_t batch) {
+  const int64_t step = step_;
+  std::swap(data_, eval_data_);  // ranks without data read none either way
+  evaluating_ = true;
+  auto back = [&] {
+    evaluating_ = false;
+    std::swap(data_, eval_data_);
+    step_ = step;
+  };
+  try {
+    StepMetrics m = run_step(batch);
+    back();
+    return m;
+  } catch (...) {
+    back();
+    throw;
+  }
 }
 
 std::vector<TraceEvent> Executor::take_events() {
@@ -619,7 +639,8 @@ void Executor::backward_weight(const ComputeArgs& in, const Segment& seg, const 
 }
 
 void Executor::run_update(const UpdateArgs& in) {
-  if (skip_update_) return;  // every rank saw the same non-finite sums: parameters and moments stay as they were
+  // every rank saw the same non-finite sums, or the step evaluates: parameters and moments stay as they were
+  if (skip_update_ || evaluating_) return;
   k_.begin_region("optimizer");
   const OptimizerConfig& o = plan_.optimizer;
   AdamWArgs args;

@@ -54,6 +54,10 @@ class Executor {
   // Fills parameters from the strategy-independent init rule and zeroes optimizer state.
   void init_parameters();
   StepMetrics run_step(int64_t step);
+  // Batch `batch` of the plan's evaluation data (the validation file, in order) through the whole step with the
+  // current weights, which it leaves as they are: no update, no optimizer or routing-statistics change. Its loss
+  // is the batch's; the training data and every state a training step carries on are untouched.
+  StepMetrics run_eval_step(int64_t batch);
   // A flag any thread (or a signal handler) may set; the step sync sums it over all ranks, so every rank
   // sees the same `stop_requested` at the same step.
   void watch_stop_flag(const std::atomic<int>* flag) { stop_flag_ = flag; }
@@ -136,6 +140,8 @@ class Executor {
   MPI_Comm world_;
   BufferStore store_;
   std::unique_ptr<DataLoader> data_;
+  std::unique_ptr<DataLoader> eval_data_;  // the validation file (plan_.eval_every > 0); data_ while evaluating
+  bool evaluating_ = false;                // run_eval_step: updates do nothing
   FileIdentity data_identity_;  // the token file as this rank opened it at start
   std::vector<std::unique_ptr<Communicator>> groups_;  // by index into plan.groups
   std::vector<size_t> group_order_;                    // indices into groups_, in the order they were made

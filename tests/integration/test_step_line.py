@@ -67,7 +67,8 @@ def csv_metrics(d):
         with open(name, newline="") as f:
             rows[name] = list(csv.DictReader(f))
         header = open(name).readline().strip()
-        if header != "step,loss,lr,grad_norm,tokens_per_s,ms,flops_per_s,mfu,peak_bytes,xent,balance_loss,skipped":
+        if header != ("step,loss,lr,grad_norm,tokens_per_s,ms,flops_per_s,mfu,peak_bytes,xent,balance_loss,skipped,"
+                      "val_loss"):
             fail(f"{name}: header {header!r}")
     steps = [int(r["step"]) for r in rows[part]]
     if steps != [1, 2, 3, 4, 5, 6] or [int(r["step"]) for r in rows[whole]] != steps:
