@@ -3,9 +3,10 @@ gradients travel as bf16 (half the bytes: the run's collective_bytes) and each s
 
 Checked on a bf16 GPT-2 over 2 ranks: the run is not the fp32-reduction run (the sums were rounded) but stays
 within 1e-3 of it over 20 steps (measured 6.6e-5); ZeRO-2 and ZeRO-3, whose reduce-scatter sums the same two
-values per element as ZeRO-0's all-reduce, give the same losses to the bit; PP2 x DP2 (4 microbatches, their
-gradients accumulated in fp32 before one reduction) is within 5e-4 of DP2, the tolerance test_bf16.py states for a
-bf16 run's strategies. ZeRO-0 sends exactly half the bytes of its fp32 reduction; the measured memory peak is the
+values per element as ZeRO-0's all-reduce, are within 5e-4 of it, the tolerance test_bf16.py states for a bf16 run's
+strategies (measured: the same bits with -O3; ZeRO-3's buckets, which keep the matmul weights apart, sum the
+gradient norm in another order, a last-bit difference that an -O1 build shows at step 6); PP2 x DP2
+(4 microbatches, their gradients accumulated in fp32 before one reduction) is within 5e-4 of DP2 as well. ZeRO-0 sends exactly half the bytes of its fp32 reduction; the measured memory peak is the
 estimate to the byte (the bf16 staging is counted). The start line and the dry run say so;
 job.grad_reduce = "fp16" is an error (exit 2). A one-process run has no reduction and is the same either way.
 
@@ -71,11 +72,11 @@ def main():
 
     for zero in (2, 3):
         got, zdoc, _ = train(d, f"z{zero}", bf16(tiny_gpt()), 2, mesh(dp=2, zero=zero))
-        if got != ref:
-            compare(f"ZeRO-{zero} reduced in bf16", ref, got, 0.0)
+        worst = compare(f"ZeRO-{zero} reduced in bf16, against ZeRO-0", ref, got, RTOL_STRATEGY)
         if find(zdoc, "peak_total_bytes") != find(zdoc, "estimated_peak_total_bytes"):
             fail(f"ZeRO-{zero}: the measured peak is not the estimate")
-        print(f"ok  ZeRO-{zero} reduced in bf16: the ZeRO-0 losses to the bit, peak = estimate")
+        print(f"ok  ZeRO-{zero} reduced in bf16: {'the ZeRO-0 losses to the bit' if worst == 0 else 'within 5e-4'}, "
+              f"peak = estimate")
     got, _, _ = train(d, "pp2-dp2", bf16(tiny_gpt()), 4, mesh(pp=2, dp=2, m=4, schedule="1f1b"))
     compare("PP2 x DP2 1F1B reduced in bf16", ref, got, RTOL_STRATEGY)
 
