@@ -137,7 +137,9 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::vector<std::pair<std::string, std::string>> dtypes;  // name, dtype
   std::vector<uint64_t> begins;
   try {  // a value of an unexpected type is refused by the checks below; any other error of the library here too
-    for (const auto& [name, v] : doc.items()) {
+    for (const auto& item : doc.items()) {
+      const std::string& name = item.key();  // (not a structured binding: clang 14 cannot capture one below)
+      const Json& v = item.value();
       if (name == "__metadata__") {
         if (!v.is_object()) throw UserError(cat(path, ": __metadata__ is not an object"));
         for (const auto& [key, value] : v.items()) {
