@@ -56,7 +56,7 @@ std::vector<std::string> hf_config_mismatches(const std::string& text, const std
   Json theirs;
   try {
     theirs = Json::parse(text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // a syntax error, or a number past what it holds
     throw UserError(cat(path, ": not JSON (", e.what(), ")"));
   }
   if (!theirs.is_object()) throw UserError(cat(path, ": not a JSON object"));

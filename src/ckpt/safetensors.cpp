@@ -123,7 +123,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   Json doc;
   try {
     doc = Json::parse(header);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // a syntax error, or a number past what it holds
     throw UserError(cat(path, ": safetensors header is not one JSON object with nothing after it (", e.what(), ")"));
   }
   if (!doc.is_object()) throw UserError(cat(path, ": safetensors header is not a JSON object"));

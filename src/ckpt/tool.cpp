@@ -134,7 +134,7 @@ SafetensorsFile read_model_files(const std::string& in, const std::vector<std::p
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number past what it holds
     throw UserError(cat("import: ", index.string(), ": not JSON (", e.what(), ")"));
   }
   if (!doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object())
