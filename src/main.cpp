@@ -5,10 +5,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "app/cli.hpp"
 #include "app/dry_run.hpp"
 #include "app/launch.hpp"
+#include "app/sample.hpp"
 #include "app/stop_signals.hpp"
 #include "app/train.hpp"
 #include "util/error.hpp"
@@ -24,17 +27,12 @@ bool started_by_launcher() {
   return false;
 }
 
-// A dry run, --help, --version or a bad command line on a process no launcher started: no MPI at all. Its
-// start-up takes longer than compiling a 4,096-rank job, and a login node may not allow it.
-int run_without_mpi(const piper::CliOptions& opts, const std::string& cli_error) {
+// The exit code of `work` run on a process without MPI: its own, 2 for bad input, 1 for any other failure.
+template <class Work>
+int without_mpi(Work work) {
   using namespace piper;
   try {
-    if (!cli_error.empty()) throw UserError(cli_error);
-    if (opts.help || opts.version) {
-      std::printf("%s\n", opts.help ? opts.help_text.c_str() : piper_version());
-      return 0;
-    }
-    return dry_run(opts, 1);
+    return work();
   } catch (const UserError& e) {
     print_error(e.what());
     return kExitBadInput;
@@ -44,10 +42,30 @@ int run_without_mpi(const piper::CliOptions& opts, const std::string& cli_error)
   }
 }
 
+// A dry run, --help, --version or a bad command line on a process no launcher started: no MPI at all. Its
+// start-up takes longer than compiling a 4,096-rank job, and a login node may not allow it.
+int run_without_mpi(const piper::CliOptions& opts, const std::string& cli_error) {
+  using namespace piper;
+  return without_mpi([&] {
+    if (!cli_error.empty()) throw UserError(cli_error);
+    if (opts.help || opts.version) {
+      std::printf("%s\n", opts.help ? opts.help_text.c_str() : piper_version());
+      return 0;
+    }
+    return dry_run(opts, 1);
+  });
+}
+
+// `piper sample ...`: one process on its own, no MPI (app/sample.hpp).
+int run_sample(int argc, char** argv) {
+  return without_mpi([&] { return piper::sample_command(std::vector<std::string>(argv + 2, argv + argc)); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace piper;
+  if (argc >= 2 && std::string(argv[1]) == "sample") return run_sample(argc, argv);
   bool trains = false;
   {
     CliOptions opts;

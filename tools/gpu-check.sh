@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the CUDA backend on a GPU machine within a fixed time budget: a preflight that fails in seconds, then
-# every step (kernel tests, CUDA training against CPU reference losses, two ranks on one GPU, GPT-2 124M
-# throughput, opt-in compute-sanitizer) under `timeout`, with every log and OUT/summary.txt kept in OUT.
+# every step (kernel tests, CUDA training against CPU reference losses, two ranks on one GPU, piper sample
+# against the CPU, GPT-2 124M throughput, opt-in compute-sanitizer) under `timeout`, with every log and OUT/summary.txt kept in OUT.
 #
 # Usage: tools/gpu-check.sh [--out DIR | -o DIR] [STEPS]
 #        tools/gpu-check.sh --make-references DIR [STEPS]   (CPU reference losses only; no GPU needed)
@@ -397,6 +397,50 @@ case $STATE in
     say "two ranks on one GPU: FAILED (exit $RC) — $(grep -m 1 -iE 'nccl|error' "$OUT/two-ranks-one-gpu.log" || tail -n 1 "$OUT/two-ranks-one-gpu.log")"
     failed=$((failed + 1)) ;;
 esac
+
+# --- piper sample on CUDA against the CPU: a 2-step CPU checkpoint of each family, the first token's logits --------
+# sample_check CONFIG: the checkpoint, then `piper sample --greedy` on both backends; logits within 1e-4 of the
+# largest, the same first greedy token
+sample_check() {
+  local config=$1 dir=$OUT/sample-$1
+  config_args "$config"
+  run_step "sample-$config-checkpoint" "$TRAIN_TIMEOUT_S" "$dir.log" "$PIPER" --config "$CONFIG_FILE" \
+    "${CONFIG_EXTRA[@]}" --steps 2 --set 'job.backend="cpu"' --set "checkpoint.dir=\"$dir\"" --set checkpoint.every=2
+  case $STATE in
+    ok) ;;
+    failed) say "sample $config: no checkpoint (exit $RC; $dir.log)"; failed=$((failed + 1)); return ;;
+    *) return ;;  # timed out or skipped: counted as such
+  esac
+  local backend
+  for backend in cpu cuda; do
+    run_step "sample-$config-$backend" "$TRAIN_TIMEOUT_S" "$dir-$backend.log" "$PIPER" sample \
+      "$dir/step_00000002.h5" --prompt 'Q: What is' --greedy --max-new-tokens 16 --ids --backend "$backend" \
+      --logits-out "$dir-$backend.logits"
+    case $STATE in
+      ok) ;;
+      failed) say "sample $config on $backend: FAILED (exit $RC) — $(tail -n 1 "$dir-$backend.log")"
+        failed=$((failed + 1)); return ;;
+      *) return ;;
+    esac
+  done
+  if ! python3 - "$dir-cpu.logits" "$dir-cuda.logits" "$dir-cpu.log" "$dir-cuda.log" "$config" <<'PY' | tee -a "$SUMMARY"; then
+import array, re, sys
+def floats(p):
+    a = array.array("f"); a.frombytes(open(p, "rb").read()); return list(a)
+cpu, gpu = floats(sys.argv[1]), floats(sys.argv[2])
+ids = [open(p).read().split("|")[1].split()[:1] for p in sys.argv[3:5]]
+rate = re.search(r"\(([0-9.]+) tokens/s\)", open(sys.argv[4]).read())
+gap = max(abs(x - y) for x, y in zip(cpu, gpu)) / max(abs(x) for x in cpu)
+ok = len(cpu) == len(gpu) and gap < 1e-4 and ids[0] == ids[1]
+print(f"sample {sys.argv[5]}: {'ok' if ok else 'FAILED'} — CUDA first-token logits within {gap:.2g} of the CPU's "
+      f"(relative to the largest), first greedy ids {ids[1]} / {ids[0]}; {rate.group(1) if rate else '?'} tokens/s")
+sys.exit(0 if ok else 1)
+PY
+    failed=$((failed + 1))
+  fi
+}
+sample_check qwen3-small
+sample_check qwen3-moe-small
 
 # --- GPT-2 124M-shaped throughput and MFU, fp32 and bf16 -------------------------------------------------------
 # throughput PRECISION PEAK_TFLOPS: 30 steps of configs/gpt2-124m.toml on CUDA in that precision, tokens/s and MFU

@@ -18,7 +18,8 @@ CliOptions parse_cli(int argc, char** argv) {
   CliOptions o;
   po::options_description desc(
       "Usage: piper --config JOB.toml [options]\n"
-      "       mpirun -np N piper --config JOB.toml   |   srun piper --config JOB.toml\n\nOptions");
+      "       mpirun -np N piper --config JOB.toml   |   srun piper --config JOB.toml\n"
+      "       piper sample CHECKPOINT.h5 --prompt TEXT [options]   (piper sample --help)\n\nOptions");
   desc.add_options()
       ("config,c", po::value<std::string>(&o.config)->value_name("FILE"), "the job file (TOML)")
       ("set", po::value<std::vector<std::string>>(&o.overrides)->composing()->value_name("KEY=VALUE"),

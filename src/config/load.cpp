@@ -490,18 +490,35 @@ void load_directives(const toml::array& arr, JobSpec& spec, const LoadContext& c
   }
 }
 
-}  // namespace
-
-JobSpec load_job_text(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
-  LoadContext ctx;
-  ctx.file = name;
-  toml::table root;
+// The TOML document in `text`; a syntax error names `name`, line and column.
+toml::table parse_toml(const std::string& text, const std::string& name) {
   try {
-    root = toml::parse(text, name);
+    return toml::parse(text, name);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     throw UserError(cat(name, ":", b.line, ":", b.column, ": TOML syntax error: ", e.description()));
   }
+}
+
+}  // namespace
+
+ModelSpec load_model_text(const std::string& text, const std::string& name) {
+  LoadContext ctx;
+  ctx.file = name;
+  toml::table root = parse_toml(text, name);
+  TomlReader top(root, "", ctx);
+  ModelSpec model;
+  const toml::table* t = section(top, "model");
+  if (!t) throw UserError(cat(name, ": no [model] table"));
+  TomlReader r(*t, "model", ctx);
+  load_model(r, model);
+  return model;
+}
+
+JobSpec load_job_text(const std::string& text, const std::string& name, const std::vector<std::string>& overrides) {
+  LoadContext ctx;
+  ctx.file = name;
+  toml::table root = parse_toml(text, name);
   JobSpec spec;
   spec.path = name;
   spec.text = text;

@@ -15,4 +15,7 @@ JobSpec load_job(const std::string& path, const std::vector<std::string>& overri
 JobSpec load_job_text(const std::string& text, const std::string& name,
                       const std::vector<std::string>& overrides = {});
 
+// Only the [model] table of a job's text (the other tables are not read), with every check of load_job.
+ModelSpec load_model_text(const std::string& text, const std::string& name);
+
 }  // namespace piper

@@ -150,6 +150,9 @@ struct SegmentType {
   // With routed_experts: how a parameter it names (ParamSpec::statistics_segment) moves after a step, element by
   // element (`delta`, that parameter's numel), from the step's global statistics block of this segment.
   void (*statistics_step)(const ModelDims& d, const double* routing, float* delta) = nullptr;
+  // The head of a language model: where its forward left the logits (samples·T, vocab) of the whole vocabulary in
+  // its stash (one shard), for sampling. Null for other segments.
+  const float* (*logits)(const ModelDims& d, int samples, const void* stash) = nullptr;
 };
 
 // Doubles of a routing segment's statistics block: E loads, then the dropped assignments.

@@ -109,6 +109,36 @@ def shard(group=0, stream="ep"):
     return text + (f"group = {group}\n" if group else "")
 
 
+# A tiny MLP (a synthetic classification task: no token file).
+TINY_MLP = """
+[job]
+name = "{name}"
+steps = {steps}
+threads = 1
+
+[model]
+kind = "mlp"
+d_in = 8
+d_hidden = 16
+n_layers = 2
+n_classes = 4
+
+[data]
+batch = 8
+"""
+
+
+def tiny_mlp(name="mlp", steps=2):
+    return TINY_MLP.format(name=name, steps=steps)
+
+
+def python_with(env, modules):
+    """An interpreter that imports `modules` ("transformers, torch"): $env's, this one or Debian's; None if none does."""
+    pythons = [os.environ.get(env), sys.executable, "/usr/bin/python3"]
+    return next((p for p in pythons if p and os.path.exists(p) and subprocess.run(
+        [p, "-c", f"import {modules}"], capture_output=True).returncode == 0), None)
+
+
 def tiny_gpt(name="t", steps=20, layers=4, batch=16, extra=""):
     return TINY_GPT.format(name=name, steps=steps, layers=layers, batch=batch, data=DATA) + extra
 

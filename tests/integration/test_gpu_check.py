@@ -46,15 +46,29 @@ int main(void) {
 # Writes metrics like piper's: the same losses on both backends, but 1% off on CUDA for qwen3-small (its
 # comparison must fail) and from step 3 on for the MoE config, whose CPU run with a perturbed learning rate
 # drifts by 0.5% from step 3 on (the envelope of 4x that drift lets it pass); it hangs for GPT-2 124M (the
-# throughput step must time out).
+# throughput step must time out). `piper sample` writes logits 1% off on CUDA for the MoE config (its check must fail).
 PIPER_PY = r"""#!/usr/bin/env python3
-import json, os, sys, time
+import array, json, os, sys, time
 args = sys.argv[1:]
 if "--version" in args:
     print("piper 0.0.0 (stand-in)")
     sys.exit(0)
 opt = lambda name: args[args.index(name) + 1]
+if args[0] == "sample":  # the logits of a checkpoint made below: 1% off on CUDA for the MoE config
+    config = open(args[1]).read()
+    off = "--backend" in args and opt("--backend") == "cuda" and config == "qwen3-moe-small"
+    with open(opt("--logits-out"), "wb") as f:
+        f.write(array.array("f", [(0.5 + 0.01 * i) * (1.01 if off else 1.0) for i in range(256)]).tobytes())
+    print("81 58 | 32 32 32")
+    print("piper sample: 16 new tokens in 0.10 s (160.0 tokens/s), stand-in", file=sys.stderr)
+    sys.exit(0)
 config = os.path.basename(opt("--config"))[:-len(".toml")]
+if "--metrics" not in args:  # a checkpoint run: its one file names the config
+    folder = [a for a in args if a.startswith("checkpoint.dir=")][0].split("=", 1)[1].strip('"')
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "step_%08d.h5" % int(opt("--steps"))), "w") as f:
+        f.write(config)
+    sys.exit(0)
 steps = int(opt("--steps"))
 backend = "cuda" if 'job.backend="cuda"' in args else "cpu"
 print(f"backend {backend}: {config}" + (" in bf16" if 'job.precision="bf16"' in args else ""), flush=True)
@@ -223,7 +237,9 @@ def main():
                  "(up to 5.00e-03)): OK",
                  "two ranks on one GPU: 4 steps through host memory; cuda-2on1: max relative loss difference 0.00e+00",
                  "compute-sanitizer memcheck: unavailable", "compute-sanitizer racecheck: unavailable",
-                 "result: FAILED — 2 failed, 3 timed out, 0 skipped"):
+                 "sample qwen3-small: ok — CUDA first-token logits within 0 of the CPU's",
+                 "sample qwen3-moe-small: FAILED — CUDA first-token logits within 0.01 of the CPU's",
+                 "result: FAILED — 3 failed, 3 timed out, 0 skipped"):
         expect(s, what, "summary")
     logs = ["summary.txt", "steps.txt", "preflight.log", "nvidia-smi.txt", "ldd-piper_tests.txt",
             "ldd-libpiper_cuda.so.txt", "cuda-tests.log", "two-ranks-one-gpu.log", "two-ranks-one-gpu.jsonl",
@@ -254,7 +270,7 @@ def main():
         fail(f"with TOTAL_S=6 the check exited {p.returncode} after {p.seconds:.1f} s:\n{p.stdout}")
     for what in ("kernels: TIMED OUT after", "train-quickstart-cuda: SKIPPED", "train-qwen3-moe-small-cuda: SKIPPED",
                  "two-ranks-one-gpu: SKIPPED", "throughput-gpt2-124m: SKIPPED", "throughput-gpt2-124m-bf16: SKIPPED",
-                 "train-quickstart-bf16-cuda: SKIPPED", "8 skipped"):
+                 "train-quickstart-bf16-cuda: SKIPPED", "sample-qwen3-small-checkpoint: SKIPPED", "10 skipped"):
         expect(s, what, "summary with TOTAL_S=6")
     print(f"ok  steps past the deadline skipped and named ({p.seconds:.1f} s)")
 

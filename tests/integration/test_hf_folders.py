@@ -10,9 +10,9 @@ into a folder that from_pretrained loads alone (Qwen3 and Qwen3-MoE)."""
 import json
 import os
 import subprocess
-import sys
 
-from common import fail, piper_ckpt, run, tempdir, tiny_gpt, tiny_qwen3, tiny_qwen3_moe, write
+from common import (fail, piper_ckpt, python_with, run, tempdir, tiny_gpt, tiny_mlp, tiny_qwen3, tiny_qwen3_moe,
+                    write)
 
 LOAD = """
 import json, sys
@@ -78,22 +78,7 @@ def main():
         p = piper_ckpt("export", gpt, "--to", target, want=2)
         if "exists already" not in p.stderr:
             fail(f"export over {target}: {p.stderr}")
-    mlp = checkpoint(d, "mlp", """
-[job]
-name = "mlp"
-steps = 2
-threads = 1
-
-[model]
-kind = "mlp"
-d_in = 8
-d_hidden = 16
-n_layers = 2
-n_classes = 4
-
-[data]
-batch = 8
-""")
+    mlp = checkpoint(d, "mlp", tiny_mlp())
     p = piper_ckpt("export", mlp, "--to", os.path.join(d, "mlp-hf"), want=2)
     if "no Hugging Face model class" not in p.stderr or os.path.exists(os.path.join(d, "mlp-hf")):
         fail(f"export of an mlp to a folder: {p.stderr}")
@@ -117,9 +102,7 @@ batch = 8
     print("ok  import of the folders (file, shards through the index) gives the parameters back to the bit; "
           "a --set contradicting config.json is named and refused")
 
-    pythons = [os.environ.get("TRANSFORMERS_PYTHON"), sys.executable, "/usr/bin/python3"]
-    python = next((p for p in pythons if p and os.path.exists(p) and subprocess.run(
-        [p, "-c", "import transformers, torch"], capture_output=True).returncode == 0), None)
+    python = python_with("TRANSFORMERS_PYTHON", "transformers, torch")
     if python is None:
         print("ok  from_pretrained: skipped, no interpreter here has transformers and torch")
         return

@@ -1,9 +1,10 @@
 """The README's walk "From a text file to a Hugging Face model", run line by line as written (read from the README
 itself), in a folder of its own that links build/, tools/, configs/ and data/fortunes.txt, at a smaller size: the
 training line gets `--set` overrides appended (a 2-layer Qwen3 of width 64, 4 steps, a checkpoint at step 4) and the
-export names that checkpoint. `make` is left out (the test runs from a build). Each line must exit 0; the token
+export and the sampling name that checkpoint. `make` is left out (the test runs from a build). Each line must exit 0; the token
 files, the plot, the checkpoint and the model folder must exist; the last line (transformers and torch) runs where
-an interpreter has them (TRANSFORMERS_PYTHON names one) and must print the prompt and a continuation."""
+an interpreter has them (TRANSFORMERS_PYTHON names one); it and `piper sample` must print the prompt and a
+continuation."""
 import os
 import re
 import shlex
@@ -40,7 +41,7 @@ def main():
     hf_python = next((p for p in pythons if p and os.path.exists(p) and subprocess.run(
         [p, "-c", "import transformers, torch"], capture_output=True).returncode == 0), None)
     for line in lines[1:]:
-        if line.startswith("build/piper "):
+        if line.startswith("build/piper --config"):
             line += " " + SMALL
         line = line.replace("step_00000200.h5", "step_00000004.h5")
         words = shlex.split(line)
@@ -51,9 +52,12 @@ def main():
             words[0] = hf_python
         elif words[0].startswith("tools/") and words[0].endswith(".py"):
             words = [sys.executable] + words
-        p = subprocess.run(words, cwd=d, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(words, cwd=d, capture_output=True, encoding="utf-8", errors="replace", timeout=600)
         if p.returncode != 0:
             fail(f"the README's line `{line}` exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        if line.startswith("build/piper sample") and not (p.stdout.startswith("A fortune: ") and
+                                                          "new tokens in" in p.stderr):
+            fail(f"piper sample printed {p.stdout!r} {p.stderr!r}")
         if "hf-generate.py" in line and not (p.stdout.startswith("A fortune: ") and len(p.stdout.strip()) > 12):
             fail(f"hf-generate printed {p.stdout!r}")
         print(f"ok  {line[:100]}")

@@ -345,6 +345,10 @@ void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentI
   k.vocab_xent_stats(io.out + int64_t(io.shard) * n * 3, st.logits, st.targets, n, v.Vl, v.v0);  // (n,3)
 }
 
+const float* head_logits(const ModelDims& d, int samples, const void* stash) {
+  return HeadStash(const_cast<void*>(stash), int64_t(samples) * d.seq_len, d.d_model, Vocab(d, 1, 0)).logits;
+}
+
 void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const int n = io.samples * d.seq_len, C = d.d_model;
   const Vocab v(d, io.shards, io.shard);
@@ -419,7 +423,8 @@ const SegmentType& head_type() {
   static const SegmentType t{.name = "gpt2.head", .data = DataSlot::Targets, .sizes = head_sizes,
                              .forward = head_forward, .backward_input = head_backward_input,
                              .backward_weight = head_backward_weight, .tp_split = copy_tp_split,
-                             .tp_refusal = vocab_tp_refusal, .tp_output = SegmentType::TpOutput::Gathered};
+                             .tp_refusal = vocab_tp_refusal, .tp_output = SegmentType::TpOutput::Gathered,
+                             .logits = head_logits};
   return t;
 }
 

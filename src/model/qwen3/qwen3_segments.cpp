@@ -410,6 +410,10 @@ void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentI
   k.vocab_xent_stats(io.out + int64_t(io.shard) * s.n * 3, st.logits, st.targets, s.n, v.Vl, v.v0);  // (n,3)
 }
 
+const float* head_logits(const ModelDims& d, int samples, const void* stash) {
+  return HeadStash(const_cast<void*>(stash), Shape(d, samples), Vocab(d, 1, 0)).logits;
+}
+
 void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   Shape s(d, io.samples);
   const Vocab v(d, io.shards, io.shard);
@@ -494,7 +498,8 @@ const SegmentType& head_type() {
   static const SegmentType t{.name = "qwen3.head", .data = DataSlot::Targets, .sizes = head_sizes,
                              .forward = head_forward, .backward_input = head_backward_input,
                              .backward_weight = head_backward_weight, .tp_split = head_tp_split,
-                             .tp_refusal = vocab_tp_refusal, .tp_output = SegmentType::TpOutput::Gathered};
+                             .tp_refusal = vocab_tp_refusal, .tp_output = SegmentType::TpOutput::Gathered,
+                             .logits = head_logits};
   return t;
 }
 
