@@ -20,6 +20,7 @@ BENCHMARKS=(
   "recompute.py"
   "tensor_parallel.py"
   "bf16.py"
+  "sample.py"
 )
 
 failed=()
