@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <thread>
 
 #include "app/token_codec.hpp"
 #include "app/token_picker.hpp"
@@ -23,6 +22,7 @@
 #include "util/error.hpp"
 #include "util/exit_codes.hpp"
 #include "util/rng.hpp"
+#include "util/usable_cores.hpp"
 
 namespace piper {
 
@@ -164,13 +164,6 @@ void write_logits(const std::string& path, const std::vector<float>& logits) {
   if (ec) throw SystemError(cat("--logits-out ", path, ": cannot rename ", tmp, ": ", ec.message()));
 }
 
-int default_threads() {
-  cpu_set_t set;
-  int cores = int(std::thread::hardware_concurrency());
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
-  return std::max(1, cores);
-}
-
 }  // namespace
 
 int sample_command(const std::vector<std::string>& args) {
@@ -198,7 +191,7 @@ int sample_command(const std::vector<std::string>& args) {
     stops.push_back(codec->end_of_document());
   if (o.no_stop) stops.clear();
 
-  std::unique_ptr<Backend> backend = make_backend(o.backend, o.threads > 0 ? o.threads : default_threads(), 0);
+  std::unique_ptr<Backend> backend = make_backend(o.backend, o.threads > 0 ? o.threads : usable_cores(), 0);
   backend->kernels().set_matmul_precision(o.precision);
   ForwardPass pass(model, *backend);
   for (size_t p = 0; p < model.params.size(); ++p) pass.set_param(p, reader.read("params/" + model.params[p].name));

@@ -1,7 +1,6 @@
 // Training loop (see train.hpp).
 #include "app/train.hpp"
 
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <thread>
 
 #include "app/metrics_file.hpp"
 #include "app/mfu_peak.hpp"
@@ -29,6 +27,7 @@
 #include "model/segment_type.hpp"
 #include "runtime/executor.hpp"
 #include "util/error.hpp"
+#include "util/usable_cores.hpp"
 #include "util/exit_codes.hpp"
 #include "util/mpi_check.hpp"
 #include "util/mpi_wait.hpp"
@@ -66,10 +65,7 @@ int resolve_threads(int configured, MPI_Comm world, int* local_rank) {
   if (configured > 0) return configured;
   if (const char* per_task = std::getenv("SLURM_CPUS_PER_TASK"); per_task && std::atoi(per_task) > 0)
     return std::atoi(per_task);
-  cpu_set_t set;
-  int cores = int(std::thread::hardware_concurrency());
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
-  return std::max(1, cores / std::max(1, local));
+  return std::max(1, usable_cores() / std::max(1, local));
 }
 
 // A number for a JSON line: non-finite values become null (JSON has no NaN or infinity).

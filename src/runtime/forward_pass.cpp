@@ -44,6 +44,7 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend)
   }
   if (scratch_floats) scratch_ = static_cast<float*>(device(scratch_floats * sizeof(float)));
   sums_ = static_cast<double*>(device((2 + routing) * sizeof(double)));
+  backend_.zero(sums_, (2 + routing) * sizeof(double));
   params_.assign(model_.params.size(), nullptr);
   for (size_t p = 0; p < model_.params.size(); ++p)
     params_[p] = static_cast<float*>(device(size_t(model_.params[p].numel) * sizeof(float)));
@@ -70,7 +71,6 @@ std::vector<float> ForwardPass::next_logits(const std::vector<int32_t>& tokens) 
   const int T = int(tokens.size());
   PIPER_CHECK(T >= 1 && T <= max_context(), T, " tokens: a context holds 1 to ", max_context());
   const ModelDims d = context_dims(model_.dims, T);
-  backend_.zero(sums_, 2 * sizeof(double));
   const std::vector<int32_t> targets(size_t(T), 0);  // the head's cross-entropy statistics are not read
   std::vector<const float*> w;
   for (size_t s = 0; s <= head_; ++s) {
@@ -95,10 +95,7 @@ std::vector<float> ForwardPass::next_logits(const std::vector<int32_t>& tokens) 
     io.scratch = scratch_;
     io.loss_sum = sums_;
     io.balance_loss = sums_ + 1;
-    if (seg.type->routed_experts) {
-      backend_.zero(sums_ + 2, size_t(routing_stats_size(seg.type->routed_experts(d))) * sizeof(double));
-      io.routing = sums_ + 2;
-    }
+    if (seg.type->routed_experts) io.routing = sums_ + 2;
     io.loss_scale = 1.f / float(T);
     segment_forward(k_, seg, d, io);
   }
