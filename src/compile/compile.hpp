@@ -45,6 +45,10 @@ Plan bind_plan(const Plan& body, int rank);
 // Device set of each rank.
 std::vector<int> rank_sets(const Graph& g);
 
+// The least rows of a piece of a bf16-held stash's passes (Plan::held_piece_rows): 512 on a CPU, where matmuls of 512
+// rows already run near their best, 4096 on a GPU, whose matmuls need more rows to fill it.
+int64_t held_piece_rows(const JobSpec& spec);
+
 // Fills the job-wide part of a plan from the spec.
 void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g);
 

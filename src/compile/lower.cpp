@@ -385,16 +385,16 @@ class Lowerer {
     return stash_in_bf16(seg) && segs_[size_t(seg)].type->reads_input && !in_parts(seg) &&
            !exchanged(TensorRef::Kind::Act, seg);
   }
-  // The runs such a stash holds: the type's layout, then the input where input_in_stash.
-  StashLayout held_layout(int seg) const {
-    return held_stash_layout(segs_[size_t(seg)], m_.dims, b_, input_in_stash(seg));
+  // How such a stash is held: its pieces, each the type's layout, then the input where input_in_stash.
+  HeldStash held(int seg) const {
+    return held_stash(segs_[size_t(seg)], m_.dims, b_, input_in_stash(seg), held_piece_rows(spec_));
   }
   // The stash kept from the forward to the backward: all of it, or under selective recompute its kept part; in
   // bf16 where stash_in_bf16.
   int stash_buf(int seg, int mb) {
     auto sz = segment_sizes(segs_[size_t(seg)], m_.dims, b_);
     uint64_t bytes = selective(seg) ? sz.stash_kept_bytes : sz.stash_bytes;
-    if (stash_in_bf16(seg)) bytes = held_layout(seg).packed_bytes();
+    if (stash_in_bf16(seg)) bytes = held(seg).held_bytes();
     return keyed_buffer('S', seg, mb, bytes, BufferKind::Activation, cat("stash", seg, ".mb", mb));
   }
   bool recomputed(int seg) const { return g_.segment_recompute[size_t(seg)] != 0; }
@@ -637,7 +637,7 @@ class Lowerer {
     if (stash_in_bf16(op.segment)) {  // the stash (and input) in bf16, used in fp32 in a view of this pass only
       const bool holds_input = input_in_stash(op.segment);
       in.stash_bf16 = kStashBf16 | (holds_input ? kStashHoldsInput : 0);
-      in.stash_view = keyed_buffer('V', op.segment, mb * 8 + int(n.kind), held_layout(op.segment).fp32_bytes(),
+      in.stash_view = keyed_buffer('V', op.segment, mb * 8 + int(n.kind), held(op.segment).view_bytes(),
                                    BufferKind::Activation,
                                    cat("stash", op.segment, ".mb", mb, ".view.", n.kind == NodeKind::F    ? "F"
                                                                                 : n.kind == NodeKind::B  ? "B"

@@ -144,6 +144,9 @@ struct SegmentType {
   bool tp_input_grad_partial = true;
   // Rank t of a group of k works on its share of the microbatch's samples, [t·b/k, (t+1)·b/k) (b must divide).
   bool tp_splits_samples = false;
+  // Its forward and backward treat each sample apart: a microbatch run in pieces of its samples, one after another,
+  // computes the same (weight gradients summed piece by piece). Lets a stash held in bf16 be used in pieces.
+  bool samples_apart = false;
   // Routing segments (a mixture of experts' router): the experts they route to. Their forward adds, per step,
   // a RoutingStats block to SegmentIO::routing: the assignments each expert was chosen for, then the dropped.
   int (*routed_experts)(const ModelDims& d) = nullptr;
@@ -180,6 +183,18 @@ inline StashLayout held_stash_layout(const Segment& s, const ModelDims& d, int s
   if (input) layout.add(layout.fp32_bytes(), segment_sizes(s, d, samples).input_bytes, false);
   return layout;
 }
+
+// A stash held in bf16, as its passes use it: a type whose samples are apart runs each pass in `pieces` pieces of
+// samples / pieces samples (the fewest samples dividing the microbatch with at least `piece_rows` rows; the plan's
+// Plan::held_piece_rows), each piece's stash held after the one before, so that the fp32 view of a pass holds one
+// piece; a weight gradient is summed piece by piece. Other types, and segments spread over ranks: one piece.
+struct HeldStash {
+  int pieces = 1;
+  StashLayout piece;  // one piece's held runs (held_stash_layout of samples / pieces samples)
+  uint64_t held_bytes() const { return uint64_t(pieces) * piece.packed_bytes(); }
+  uint64_t view_bytes() const { return piece.fp32_bytes(); }
+};
+HeldStash held_stash(const Segment& s, const ModelDims& d, int samples, bool input, int64_t piece_rows);
 inline size_t segment_scratch_floats(const Kernels& k, const Segment& s, const ModelDims& d, int samples) {
   return s.type->scratch_floats ? s.type->scratch_floats(k, d, samples) : 0;
 }

@@ -14,7 +14,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 20;
+constexpr uint32_t kPlanVersion = 21;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;
@@ -90,6 +90,7 @@ struct Plan {
   std::string job_text;
   std::string backend = "cpu";
   Precision precision = Precision::Fp32;  // job.precision: how the backend's matmuls take their operands
+  int64_t held_piece_rows = 512;  // the least rows of a piece of a bf16-held stash's passes (HeldStash)
   uint64_t seed = 0;
   int64_t steps = 0;
   double watchdog_s = 0;  // job.watchdog_s; 0: no watchdog

@@ -185,6 +185,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.job_text);
   w.put_string(p.backend);
   w.put<uint8_t>(uint8_t(p.precision));
+  w.put(p.held_piece_rows);
   w.put(p.seed);
   w.put(p.steps);
   w.put(p.watchdog_s);
@@ -278,6 +279,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.job_text = r.get_string();
   p.backend = r.get_string();
   p.precision = Precision(r.get<uint8_t>());
+  p.held_piece_rows = r.get<int64_t>();
   p.seed = r.get<uint64_t>();
   p.steps = r.get<int64_t>();
   p.watchdog_s = r.get<double>();

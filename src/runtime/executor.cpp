@@ -32,6 +32,12 @@ void backoff(int& round) {
   ++round;
 }
 
+// `p` moved on by `bytes` (null stays null).
+template <class T>
+T* bytes_after(T* p, size_t bytes) {
+  return p ? reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + bytes) : p;
+}
+
 }  // namespace
 
 Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* kernels)
@@ -42,8 +48,9 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
     if (op_is_compute(instr.op) && instr.compute().stash_bf16) {
       const ComputeArgs& c = instr.compute();
       const bool input = (c.stash_bf16 & kStashHoldsInput) != 0;
-      stash_layouts_.try_emplace({c.segment, c.samples, input},
-                                 held_stash_layout(plan_.segments[size_t(c.segment)], plan_.dims, c.samples, input));
+      held_stashes_.try_emplace({c.segment, c.samples, input},
+                                held_stash(plan_.segments[size_t(c.segment)], plan_.dims, c.samples, input,
+                                           plan_.held_piece_rows));
     }
   if (plan_.scratch_buf >= 0) {
     // the largest backend scratch any segment of this plan needs
@@ -554,31 +561,21 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
     io.routing = scalars_ + kRoutingAt + routing_offset_[size_t(in.segment)];
   io.loss_scale = in.loss_scale;
   if (plan_.scratch_buf >= 0) io.scratch = store_.f(plan_.scratch_buf);
+  k_.begin_region(seg.name.c_str());
+  if (in.stash_bf16)
+    run_held_pieces(op, in, seg, io, held_stashes_.at({in.segment, in.samples, (in.stash_bf16 & kStashHoldsInput) != 0}));
+  else
+    run_pass(op, in, seg, io, 0);
+}
+
+void Executor::run_pass(Op op, const ComputeArgs& in, const Segment& seg, SegmentIO io, size_t wstash_at) {
   float* workspace = store_.f(plan_.workspace_buf);
   const ModelDims& d = plan_.dims;
-  k_.begin_region(seg.name.c_str());
-  // A stash held in bf16 is used in fp32 in the view: written there by the forward and then stored, or read back
-  // there before a backward.
-  const StashLayout* layout = nullptr;
-  void* held = io.stash;
-  const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
-  float* view_input = nullptr;  // where the view holds the input: after the stash
-  if (in.stash_bf16) {
-    layout = &stash_layouts_.at({in.segment, in.samples, holds_input});
-    float* view = store_.f(in.stash_view);
-    io.stash = view;
-    if (holds_input) view_input = view + segment_sizes(seg, d, in.samples).stash_bytes / sizeof(float);
-    if (op != Op::Forward) {
-      load_stash_bf16(*layout, held, view);
-      if (holds_input) io.in = view_input;
-    }
-  }
+  const auto wstash = [&] { return in.wstash >= 0 ? store_.f(in.wstash) + wstash_at / sizeof(float) : nullptr; };
   switch (op) {
     case Op::Forward:
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
-      if (holds_input) k_.copy(view_input, io.in, segment_sizes(seg, d, in.samples).input_bytes);
-      if (layout) store_stash_bf16(*layout, static_cast<const float*>(io.stash), held);
       break;
     case Op::Recompute:  // the whole forward again, or (a split stash) only the part selective recompute dropped
       if (in.stash_tail >= 0) {
@@ -590,7 +587,7 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
       break;
     case Op::Backward: {
       // fused: the weight-gradient inputs live in the workspace, scratch after them
-      size_t wst = segment_sizes(seg, d, in.samples).wstash_bytes / sizeof(float);
+      size_t wst = segment_sizes(seg, d, io.samples).wstash_bytes / sizeof(float);
       io.wstash = workspace;
       io.workspace = workspace + wst;
       segment_backward_input(k_, seg, d, io);
@@ -598,15 +595,49 @@ void Executor::run_compute(Op op, const ComputeArgs& in) {
       break;
     }
     case Op::BackwardInput:
-      io.wstash = in.wstash >= 0 ? store_.f(in.wstash) : nullptr;
+      io.wstash = wstash();
       io.workspace = workspace;
       segment_backward_input(k_, seg, d, io);
       break;
     case Op::BackwardWeight:
-      io.wstash = in.wstash >= 0 ? store_.f(in.wstash) : nullptr;
+      io.wstash = wstash();
       backward_weight(in, seg, io);
       break;
     default: break;
+  }
+}
+
+// A stash held in bf16 is used in fp32 in the view, a piece of samples at a time: a forward writes the piece's stash
+// there and it is stored, a backward reads it back there first. With the input held too, the view keeps it after
+// the stash. Each piece's activations, gradients and BI→BW stash follow the one before; later pieces add to the
+// weight gradients the first wrote.
+void Executor::run_held_pieces(Op op, const ComputeArgs& in, const Segment& seg, const SegmentIO& io,
+                               const HeldStash& held) {
+  const int samples = in.samples / held.pieces;
+  const SegmentSizes part = segment_sizes(seg, plan_.dims, samples);
+  const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
+  float* view = store_.f(in.stash_view);
+  float* view_input = holds_input ? view + part.stash_bytes / sizeof(float) : nullptr;
+  for (int piece = 0; piece < held.pieces; ++piece) {
+    const size_t at = size_t(piece);
+    SegmentIO pio = io;
+    pio.samples = samples;
+    pio.in = bytes_after(io.in, at * part.input_bytes);
+    pio.din = bytes_after(io.din, at * part.input_bytes);
+    pio.out = bytes_after(io.out, at * part.out_bytes);
+    pio.dout = bytes_after(io.dout, at * part.out_bytes);
+    if (piece > 0) pio.overwrite = nullptr;  // adds to what the first piece wrote
+    void* held_piece = static_cast<char*>(io.stash) + at * held.piece.packed_bytes();
+    pio.stash = view;
+    if (op != Op::Forward) {
+      load_stash_bf16(held.piece, held_piece, view);
+      if (holds_input) pio.in = view_input;
+    }
+    run_pass(op, in, seg, pio, at * part.wstash_bytes);
+    if (op == Op::Forward) {
+      if (holds_input) k_.copy(view_input, pio.in, part.input_bytes);
+      store_stash_bf16(held.piece, view, held_piece);
+    }
   }
 }
 

@@ -119,6 +119,11 @@ class Executor {
   void complete(Stream& s, int32_t i);
   void run_compute(Op op, const ComputeArgs& in);
   void backward_weight(const ComputeArgs& in, const Segment& seg, const SegmentIO& io);
+  // One compute pass of a segment over io.samples samples, the stash at io.stash; `wstash_at`: bytes into the
+  // instruction's BI→BW stash where this pass's part starts.
+  void run_pass(Op op, const ComputeArgs& in, const Segment& seg, SegmentIO io, size_t wstash_at);
+  // The same for a stash held in bf16: piece by piece (HeldStash), each stored from or loaded into the fp32 view.
+  void run_held_pieces(Op op, const ComputeArgs& in, const Segment& seg, const SegmentIO& io, const HeldStash& held);
   void load_data(const ComputeArgs& in, void* stash);
   // A stash held in bf16: the fp32 `view` stored into `held` by its layout's runs, or read back from it.
   void store_stash_bf16(const StashLayout& layout, const float* view, void* held);
@@ -170,8 +175,8 @@ class Executor {
   const std::atomic<int>* failure_flag_ = nullptr;
   size_t routing_size_ = 0;                 // doubles of all routing statistics blocks
   std::vector<int64_t> routing_offset_;     // per segment: its statistics block (-1: not a routing segment)
-  // (segment, samples, with its input) → the runs of its stash, for the stashes held in bf16 (ComputeArgs::stash_bf16)
-  std::map<std::tuple<int32_t, int32_t, bool>, StashLayout> stash_layouts_;
+  // (segment, samples, with its input) → how its stash is held in bf16 (ComputeArgs::stash_bf16): pieces and runs
+  std::map<std::tuple<int32_t, int32_t, bool>, HeldStash> held_stashes_;
   std::vector<double> sync_local_, sync_global_;  // the step sync's sums, allocated once
   std::vector<float> statistics_delta_;             // host: a parameter's step from statistics
   float* statistics_delta_dev_ = nullptr;           // device: the part of it being added

@@ -482,7 +482,8 @@ const SegmentType& attention_type() {
                              .backward_weight = attention_backward_weight, .rerun_tail = attention_rerun_tail,
                              .stash_layout = attention_stash_layout, .scratch_floats = attention_scratch_floats,
                              .scratch_estimate = attention_scratch_estimate, .tp_split = attention_tp_split,
-                             .tp_refusal = attention_tp_refusal};
+                             .tp_refusal = attention_tp_refusal,
+                             .samples_apart = true};
   return t;
 }
 
@@ -490,7 +491,8 @@ const SegmentType& mlp_type() {
   static const SegmentType t{.name = "qwen3.mlp", .sizes = mlp_sizes, .forward = mlp_forward,
                              .backward_input = mlp_backward_input, .backward_weight = mlp_backward_weight,
                              .rerun_tail = mlp_rerun_tail, .stash_layout = mlp_stash_layout,
-                             .tp_split = mlp_tp_split, .tp_refusal = mlp_tp_refusal};
+                             .tp_split = mlp_tp_split, .tp_refusal = mlp_tp_refusal,
+                             .samples_apart = true};
   return t;
 }
 
