@@ -135,9 +135,9 @@ void print_summary(const JobSpec& spec, const CompileResult& result, const DryRu
               spec.model.kind.c_str(), static_cast<long long>(result.model.n_params()), result.model.segments.size(),
               g.regions.size(), g.sets.size(), g.microbatches, g.samples_per_microbatch);
   if (spec.job.precision == "bf16")
-    std::printf("precision bf16: matmuls on bf16 operands; the blocks' stashes and inputs held in bf16 and used by "
-                "pieces of at least %lld rows, counted so in the memory below; the cost model's matmul rate is its fp32 "
-                "one\n",
+    std::printf("precision bf16: matmuls on bf16 operands; the blocks' stashes and inputs held in bf16 (a pass whose "
+                "fp32 view would pass a tenth of them goes by pieces of at least %lld rows), counted so in the memory "
+                "below; the cost model's matmul rate is its fp32 one\n",
                 static_cast<long long>(held_piece_rows(spec)));
   if (spec.job.grad_reduce == "bf16")
     std::printf("gradient reductions in bf16: half the bytes of an fp32 reduction on the wire, counted so in the cost "

@@ -42,6 +42,10 @@ class Kernels {
   virtual void set_matmul_precision(Precision p) = 0;
   // How this backend runs bf16 matmuls, in words (the library, the instructions): printed at start.
   virtual std::string bf16_matmul_path() const = 0;
+  // From keep_weights(true) to keep_weights(false), on the calling thread, the weight operands of linear_forward and
+  // linear_backward_input (w) stay as they are: a backend may round each once and reuse it (a pass run by pieces of
+  // its samples). Its results do not change.
+  virtual void keep_weights(bool on) { (void)on; }
 
   // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null.
   virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) = 0;

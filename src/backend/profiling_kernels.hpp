@@ -37,6 +37,7 @@ class ProfilingKernels : public Kernels {
   void begin_region(const char* name) override;
   void set_matmul_precision(Precision p) override { k_.set_matmul_precision(p); }
   std::string bf16_matmul_path() const override { return k_.bf16_matmul_path(); }
+  void keep_weights(bool on) override { k_.keep_weights(on); }
 
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
   void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,

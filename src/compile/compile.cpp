@@ -23,7 +23,7 @@ void fill_job_fields(Plan& p, const JobSpec& spec, const Graph& g) {
   p.job_text = spec.text;
   p.backend = spec.job.backend;
   p.precision = spec.job.precision == "bf16" ? Precision::Bf16 : Precision::Fp32;
-  p.held_piece_rows = held_piece_rows(spec);
+  p.held_pieces.min_rows = held_piece_rows(spec);
   p.seed = spec.job.seed;
   p.steps = spec.job.steps;
   p.watchdog_s = spec.job.watchdog_s;

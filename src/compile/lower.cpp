@@ -53,6 +53,7 @@ class Lowerer {
 
   Plan run(const std::vector<int>& sequence) {
     p_.set = set_;
+    p_.held_pieces = held_piece_rule();
     stream_id("compute");
     make_buckets();
     make_workspace();
@@ -387,7 +388,18 @@ class Lowerer {
   }
   // How such a stash is held: its pieces, each the type's layout, then the input where input_in_stash.
   HeldStash held(int seg) const {
-    return held_stash(segs_[size_t(seg)], m_.dims, b_, input_in_stash(seg), held_piece_rows(spec_));
+    return held_stash(segs_[size_t(seg)], m_.dims, b_, input_in_stash(seg), p_.held_pieces);
+  }
+  // When this set's passes go by pieces: a view may take a tenth (kHeldViewShare) of one microbatch's held stashes.
+  HeldPieceRule held_piece_rule() const {
+    HeldPieceRule rule;
+    rule.min_rows = held_piece_rows(spec_);
+    uint64_t held = 0;
+    for (size_t s = 0; s < segs_.size(); ++s)
+      if (on_this_set(int(s)) && stash_in_bf16(int(s)))
+        held += held_stash(segs_[s], m_.dims, b_, input_in_stash(int(s)), rule).held_bytes();  // one piece each
+    rule.view_limit = held / kHeldViewShare;
+    return rule;
   }
   // The stash kept from the forward to the backward: all of it, or under selective recompute its kept part; in
   // bf16 where stash_in_bf16.

@@ -1,5 +1,5 @@
-// How a bf16-held stash is cut into pieces of samples (segment_type.hpp: HeldStash): the fewest samples per piece
-// that divide the microbatch and reach the plan's rows a piece, for a type whose buffers grow by the sample.
+// How a bf16-held stash is cut into pieces of samples (segment_type.hpp: HeldStash, HeldPieceRule): the most samples
+// per piece whose view fits the plan's limit, for a type whose buffers grow by the sample.
 #include <algorithm>
 
 #include "model/segment_type.hpp"
@@ -17,16 +17,24 @@ bool grows_by_sample(const SegmentSizes& whole, const SegmentSizes& part, int k)
 
 }  // namespace
 
-HeldStash held_stash(const Segment& s, const ModelDims& d, int samples, bool input, int64_t piece_rows) {
+HeldStash held_stash(const Segment& s, const ModelDims& d, int samples, bool input, const HeldPieceRule& rule) {
   int piece = samples;
-  if (s.type->samples_apart && s.shards <= 1 && samples > 1) {
-    // the smallest divisor of samples with at least piece_rows rows (its divisors in pairs up to the root)
-    const int64_t rows = std::max(1, d.rows_per_sample), least = (std::max<int64_t>(1, piece_rows) + rows - 1) / rows;
+  const uint64_t whole_view = held_stash_layout(s, d, samples, input).fp32_bytes();
+  if (s.type->samples_apart && s.shards <= 1 && samples > 1 && rule.view_limit > 0 && whole_view > rule.view_limit) {
+    // divisors of samples (in pairs up to the root): the largest within the view limit and at least min_rows rows,
+    // else the smallest of at least min_rows rows
+    const int64_t rows = std::max(1, d.rows_per_sample), least = (std::max<int64_t>(1, rule.min_rows) + rows - 1) / rows;
+    const auto most = int64_t(static_cast<long double>(rule.view_limit) * samples / static_cast<long double>(whole_view));
+    int64_t within = 0, above = samples;
     for (int64_t i = 1; i * i <= samples; ++i) {
       if (samples % i != 0) continue;
-      for (const int64_t c : {i, samples / i})
-        if (c >= least && c < piece) piece = int(c);
+      for (const int64_t c : {i, samples / i}) {
+        if (c < least) continue;
+        if (c <= most) within = std::max(within, c);
+        above = std::min(above, c);
+      }
     }
+    piece = int(within > 0 ? within : above);
     if (piece < samples && !grows_by_sample(segment_sizes(s, d, samples), segment_sizes(s, d, piece), samples / piece))
       piece = samples;
   }

@@ -184,9 +184,8 @@ inline StashLayout held_stash_layout(const Segment& s, const ModelDims& d, int s
   return layout;
 }
 
-// A stash held in bf16, as its passes use it: a type whose samples are apart runs each pass in `pieces` pieces of
-// samples / pieces samples (the fewest samples dividing the microbatch with at least `piece_rows` rows; the plan's
-// Plan::held_piece_rows), each piece's stash held after the one before, so that the fp32 view of a pass holds one
+// A stash held in bf16, as its passes use it: a type whose samples are apart may run each pass in `pieces` pieces of
+// samples / pieces samples, each piece's stash held after the one before, so that the fp32 view of a pass holds one
 // piece; a weight gradient is summed piece by piece. Other types, and segments spread over ranks: one piece.
 struct HeldStash {
   int pieces = 1;
@@ -194,7 +193,14 @@ struct HeldStash {
   uint64_t held_bytes() const { return uint64_t(pieces) * piece.packed_bytes(); }
   uint64_t view_bytes() const { return piece.fp32_bytes(); }
 };
-HeldStash held_stash(const Segment& s, const ModelDims& d, int samples, bool input, int64_t piece_rows);
+// When a pass goes by pieces (Plan::held_pieces): where its whole view would pass `view_limit` bytes, in pieces of
+// the most samples whose view stays within it, but never fewer rows than `min_rows` where the microbatch has them
+// (smaller matmuls lose speed); view_limit 0: one piece always.
+struct HeldPieceRule {
+  int64_t min_rows = 512;
+  uint64_t view_limit = 0;
+};
+HeldStash held_stash(const Segment& s, const ModelDims& d, int samples, bool input, const HeldPieceRule& rule);
 inline size_t segment_scratch_floats(const Kernels& k, const Segment& s, const ModelDims& d, int samples) {
   return s.type->scratch_floats ? s.type->scratch_floats(k, d, samples) : 0;
 }

@@ -55,7 +55,7 @@ class PlanCheck {
                 p_.checkpoint_keep >= 0 && p_.threads >= 0 && p_.threads <= 1024,
             "steps, log_every, max_skipped, checkpoint or threads out of range");
     require(p_.precision == Precision::Fp32 || p_.precision == Precision::Bf16, "precision out of range");
-    require(p_.held_piece_rows >= 1 && p_.held_piece_rows <= (int64_t(1) << 40), "held_piece_rows out of range");
+    require(p_.held_pieces.min_rows >= 1 && p_.held_pieces.min_rows <= (int64_t(1) << 40), "held_pieces out of range");
   require(std::isfinite(p_.watchdog_s) && p_.watchdog_s >= 0 && p_.watchdog_s <= 1e9, "watchdog_s out of range");
   require(std::isfinite(p_.peak_tflops) && p_.peak_tflops >= 0 && p_.peak_tflops <= 1e6, "peak_tflops out of range");
     const OptimizerConfig& o = p_.optimizer;
@@ -358,7 +358,7 @@ class PlanCheck {
               "a stash held in bf16 outside a bf16 plan, for a type without a layout, with data, or rerun");
       const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
       require(!holds_input || type.reads_input, "a stash holding the input of a segment that reads none");
-      const HeldStash held = held_stash(seg, p_.dims, in.samples, holds_input, p_.held_piece_rows);
+      const HeldStash held = held_stash(seg, p_.dims, in.samples, holds_input, p_.held_pieces);
       const uint64_t input = holds_input ? z.input_bytes : 0;
       require(uint64_t(held.pieces) * held.view_bytes() == z.stash_bytes + input, "a stash layout of ", held.pieces,
               " x ", held.view_bytes(), " bytes for a stash of ", z.stash_bytes, " and an input of ", input);

@@ -8,6 +8,7 @@
 
 #include "data/data.hpp"
 #include "model/model.hpp"
+#include "model/segment_type.hpp"
 #include "plan/instr.hpp"
 #include "util/optimizer_config.hpp"
 #include "util/precision.hpp"
@@ -90,7 +91,7 @@ struct Plan {
   std::string job_text;
   std::string backend = "cpu";
   Precision precision = Precision::Fp32;  // job.precision: how the backend's matmuls take their operands
-  int64_t held_piece_rows = 512;  // the least rows of a piece of a bf16-held stash's passes (HeldStash)
+  HeldPieceRule held_pieces;  // how a bf16-held stash's passes go by pieces (model/segment_type.hpp)
   uint64_t seed = 0;
   int64_t steps = 0;
   double watchdog_s = 0;  // job.watchdog_s; 0: no watchdog

@@ -185,7 +185,8 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.put_string(p.job_text);
   w.put_string(p.backend);
   w.put<uint8_t>(uint8_t(p.precision));
-  w.put(p.held_piece_rows);
+  w.put(p.held_pieces.min_rows);
+  w.put(p.held_pieces.view_limit);
   w.put(p.seed);
   w.put(p.steps);
   w.put(p.watchdog_s);
@@ -279,7 +280,8 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   p.job_text = r.get_string();
   p.backend = r.get_string();
   p.precision = Precision(r.get<uint8_t>());
-  p.held_piece_rows = r.get<int64_t>();
+  p.held_pieces.min_rows = r.get<int64_t>();
+  p.held_pieces.view_limit = r.get<uint64_t>();
   p.seed = r.get<uint64_t>();
   p.steps = r.get<int64_t>();
   p.watchdog_s = r.get<double>();

@@ -50,7 +50,7 @@ Executor::Executor(const Plan& plan, Backend& backend, MPI_Comm world, Kernels* 
       const bool input = (c.stash_bf16 & kStashHoldsInput) != 0;
       held_stashes_.try_emplace({c.segment, c.samples, input},
                                 held_stash(plan_.segments[size_t(c.segment)], plan_.dims, c.samples, input,
-                                           plan_.held_piece_rows));
+                                           plan_.held_pieces));
     }
   if (plan_.scratch_buf >= 0) {
     // the largest backend scratch any segment of this plan needs
@@ -618,6 +618,15 @@ void Executor::run_held_pieces(Op op, const ComputeArgs& in, const Segment& seg,
   const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
   float* view = store_.f(in.stash_view);
   float* view_input = holds_input ? view + part.stash_bytes / sizeof(float) : nullptr;
+  // the pieces read the same weights: the kernels may round each once (ended however the loop ends)
+  struct KeptWeights {
+    Kernels& k;
+    bool on;
+    ~KeptWeights() {
+      if (on) k.keep_weights(false);
+    }
+  } kept{k_, held.pieces > 1};
+  if (kept.on) k_.keep_weights(true);
   for (int piece = 0; piece < held.pieces; ++piece) {
     const size_t at = size_t(piece);
     SegmentIO pio = io;

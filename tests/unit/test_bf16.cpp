@@ -1,5 +1,6 @@
 // bf16 rounding (util/precision.hpp) and the CPU's bf16 matmul paths: oneDNN's bf16 gemm and sgemm of rounded
-// operands compute the same sums of exact products, on every transpose, with a prior (beta) and without.
+// operands compute the same sums of exact products, on every transpose, with a prior (beta) and without; weights
+// kept for the pieces of a pass give the same bits.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "backend/cpu/bf16_gemm.hpp"
 #include "util/precision.hpp"
 
@@ -73,4 +75,34 @@ TEST_CASE("bf16 gemm: oneDNN and sgemm of rounded operands agree on every transp
         INFO("ta " << ta << " tb " << tb << " beta " << beta << ": largest difference " << worst);
         CHECK(worst < 1e-4);  // sums of 131 products of size < 1 in fp32, in two orders
       }
+}
+
+TEST_CASE("bf16 linear layers with kept weights: the same bits, and a weight changed after the scope is read again",
+          "[bf16]") {
+  auto be = make_backend("cpu", 2, 0);
+  Kernels& k = be->kernels();
+  k.set_matmul_precision(Precision::Bf16);
+  const int N = 37, C = 24, OC = 19;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> x(size_t(N) * C), w(size_t(OC) * C), dy(size_t(N) * OC), b(static_cast<size_t>(OC));
+  for (auto* v : {&x, &w, &dy, &b})
+    for (float& e : *v) e = u(gen);
+  std::vector<float> y0(size_t(N) * OC), dx0(size_t(N) * C, 0.5f), y1 = y0, dx1 = dx0;
+  k.linear_forward(y0.data(), x.data(), w.data(), b.data(), N, C, OC);
+  k.linear_backward_input(dx0.data(), dy.data(), w.data(), N, C, OC, true);
+  k.keep_weights(true);
+  for (int piece = 0; piece < 2; ++piece) {  // the second time from the kept operand
+    std::vector<float> dx = dx1;
+    k.linear_forward(y1.data(), x.data(), w.data(), b.data(), N, C, OC);
+    k.linear_backward_input(dx.data(), dy.data(), w.data(), N, C, OC, true);
+    CHECK(y1 == y0);
+    CHECK(dx == dx0);
+  }
+  k.keep_weights(false);
+  for (float& e : w) e = -e;  // a new weight at the same address: the next scope rounds it anew
+  k.keep_weights(true);
+  k.linear_forward(y1.data(), x.data(), w.data(), b.data(), N, C, OC);
+  k.keep_weights(false);
+  for (size_t i = 0; i < y1.size(); ++i) CHECK(y1[i] == Approx(2 * b[i % OC] - y0[i]).margin(1e-5));
 }

@@ -1,5 +1,6 @@
-// A stash held in bf16 in pieces of samples (model/segment_type.hpp: held_stash): the fewest samples that divide the
-// microbatch and make the plan's rows a piece, only for types whose samples are apart and segments on one rank.
+// A stash held in bf16 in pieces of samples (model/segment_type.hpp: held_stash): where a pass's whole view passes the
+// limit, the most samples whose view fits it, never fewer rows than the least; one piece for segments spread over
+// ranks and without a limit.
 #include <catch2/catch.hpp>
 
 #include "model/build.hpp"
@@ -18,39 +19,43 @@ Model gpt(int seq_len) {
 
 }  // namespace
 
-TEST_CASE("held stash: pieces of the fewest samples that divide the microbatch and make 512 rows", "[bf16]") {
-  const Model m = gpt(128);
+TEST_CASE("held stash: the most samples whose view fits the limit, at least the least rows", "[bf16]") {
+  const Model m = gpt(128);  // 128 rows a sample
   const Segment& mlp = m.segments[2];
   REQUIRE(mlp.type->name == "gpt2.mlp");
   REQUIRE(mlp.type->samples_apart);
+  const uint64_t one = held_stash_layout(mlp, m.dims, 1, true).fp32_bytes();  // one sample's view
   struct Case {
-    int samples, pieces;
+    int samples;
+    uint64_t limit;  // in samples' views
+    int64_t min_rows;
+    int pieces;
   };
-  // 128 rows a sample: at least 4 samples a piece
-  for (const Case c : {Case{16, 4}, Case{12, 3}, Case{4, 1}, Case{3, 1}, Case{1, 1}, Case{10, 2}, Case{7, 1}}) {
-    INFO(c.samples << " samples");
-    const HeldStash h = held_stash(mlp, m.dims, c.samples, true, 512);
+  for (const Case c : {Case{16, 4, 512, 4},    // 4 samples fit: 4 pieces
+                       Case{16, 5, 512, 4},    // 5 fit, 4 divides
+                       Case{16, 16, 512, 1},   // the whole fits: one piece
+                       Case{16, 1, 512, 4},    // 1 fits, but 512 rows need 4 samples
+                       Case{16, 1, 128, 16},   // 1 sample a piece
+                       Case{12, 5, 512, 3},    // divisors 4 and 6: 4 fits
+                       Case{7, 2, 128, 7},     // prime: a sample a piece
+                       Case{3, 1, 512, 1},     // 384 rows: too few to cut
+                       Case{16, 0, 128, 1}}) {  // no limit: one piece
+    INFO(c.samples << " samples, a view limit of " << c.limit << " samples, " << c.min_rows << " rows");
+    const HeldStash h = held_stash(mlp, m.dims, c.samples, true, HeldPieceRule{c.min_rows, c.limit * one});
     CHECK(h.pieces == c.pieces);
-    const StashLayout whole = held_stash_layout(mlp, m.dims, c.samples, true);
     const StashLayout piece = held_stash_layout(mlp, m.dims, c.samples / c.pieces, true);
-    CHECK(h.piece.runs.size() == piece.runs.size());
     CHECK(h.view_bytes() == piece.fp32_bytes());
-    CHECK(uint64_t(h.pieces) * h.view_bytes() == whole.fp32_bytes());
+    CHECK(uint64_t(h.pieces) * h.view_bytes() == held_stash_layout(mlp, m.dims, c.samples, true).fp32_bytes());
     CHECK(h.held_bytes() == uint64_t(h.pieces) * piece.packed_bytes());
   }
-  // long sequences: a sample a piece; a GPU's 4096 rows: 4 samples
-  const Model long_seq = gpt(1024);
-  CHECK(held_stash(long_seq.segments[1], long_seq.dims, 8, false, 512).pieces == 8);
-  CHECK(held_stash(long_seq.segments[1], long_seq.dims, 8, false, 4096).pieces == 2);
-  CHECK(held_stash(long_seq.segments[1], long_seq.dims, 3, false, 4096).pieces == 1);
 }
 
 TEST_CASE("held stash: a segment spread over ranks keeps one piece; the head is not a type of samples apart", "[bf16]") {
-  Model m = gpt(128);
-  Segment head = m.segments.back();  // a type without samples_apart
-  CHECK_FALSE(head.type->samples_apart);
+  const Model m = gpt(128);
+  CHECK_FALSE(m.segments.back().type->samples_apart);
   Segment attention = m.segments[1];
-  CHECK(held_stash(attention, m.dims, 16, true, 512).pieces == 4);
+  const HeldPieceRule rule{128, held_stash_layout(attention, m.dims, 1, true).fp32_bytes()};
+  CHECK(held_stash(attention, m.dims, 16, true, rule).pieces == 16);
   attention.shards = 2;  // tensor-parallel: one piece
-  CHECK(held_stash(attention, m.dims, 16, true, 512).pieces == 1);
+  CHECK(held_stash(attention, m.dims, 16, true, rule).pieces == 1);
 }

@@ -91,6 +91,15 @@ const T* packed_copy(std::vector<T>& dst, const float* src, int rows, int cols, 
   return out;
 }
 
+// oneDNN's gemm of packed bf16 operands on the rank's threads.
+void onednn_gemm(const Bf16Choice& c, bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* a, int lda,
+                 const uint16_t* b, int ldb, float beta, float* C, int ldc, int threads) {
+  omp_set_num_threads(threads);  // oneDNN's OpenMP regions on this thread use the rank's threads
+  const int status =
+      c.onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.f, a, lda, b, ldb, beta, C, ldc);
+  if (status != 0) throw SystemError(cat("oneDNN bf16 gemm (", M, "x", N, "x", K, ") failed with status ", status));
+}
+
 }  // namespace
 
 Bf16GemmPath bf16_gemm_path() { return choice().path; }
@@ -117,10 +126,7 @@ void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const f
     const auto bits = [](float x) { return bf16_bits(x); };
     const uint16_t* a = packed_copy(a16, A, a_rows, a_cols, lda, threads, bits);
     const uint16_t* b = packed_copy(b16, B, b_rows, b_cols, ldb, threads, bits);
-    omp_set_num_threads(threads);  // oneDNN's OpenMP regions on this thread use the rank's threads
-    const int status = c.onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.f, a, a_cols, b, b_cols, beta,
-                                C, ldc);
-    if (status != 0) throw SystemError(cat("oneDNN bf16 gemm (", M, "x", N, "x", K, ") failed with status ", status));
+    onednn_gemm(c, trans_a, trans_b, M, N, K, a, a_cols, b, b_cols, beta, C, ldc, threads);
     return;
   }
   static thread_local std::vector<float> a32, b32;
@@ -128,6 +134,30 @@ void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const f
   const float* a = packed_copy(a32, A, a_rows, a_cols, lda, threads, rounded);
   const float* b = packed_copy(b32, B, b_rows, b_cols, ldb, threads, rounded);
   sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, a_cols, b, b_cols, beta, C, ldc, threads);
+}
+
+void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads) {
+  out.source = src, out.rows = rows, out.cols = cols, out.ld = ld;
+  if (choice().path == Bf16GemmPath::OneDnn)
+    packed_copy(out.bits, src, rows, cols, ld, threads, [](float x) { return bf16_bits(x); });
+  else
+    packed_copy(out.rounded, src, rows, cols, ld, threads, [](float x) { return round_bf16(x); });
+}
+
+void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                        const Bf16Operand& B, float beta, float* C, int ldc, int threads) {
+  if (M <= 0 || N <= 0) return;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const Bf16Choice& c = choice();
+  if (c.path == Bf16GemmPath::OneDnn) {
+    static thread_local std::vector<uint16_t> a16;
+    const uint16_t* a = packed_copy(a16, A, a_rows, a_cols, lda, threads, [](float x) { return bf16_bits(x); });
+    onednn_gemm(c, trans_a, trans_b, M, N, K, a, a_cols, B.bits.data(), B.cols, beta, C, ldc, threads);
+    return;
+  }
+  static thread_local std::vector<float> a32;
+  const float* a = packed_copy(a32, A, a_rows, a_cols, lda, threads, [](float x) { return round_bf16(x); });
+  sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, a_cols, B.rounded.data(), B.cols, beta, C, ldc, threads);
 }
 
 }  // namespace piper

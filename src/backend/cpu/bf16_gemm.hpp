@@ -2,7 +2,9 @@
 // oneDNN's bf16 gemm (libdnnl, loaded at run time) where the processor has bf16 instructions, else OpenBLAS sgemm
 // of the rounded values (the products of two bf16 values are exact in fp32, so both compute the same sums).
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace piper {
 
@@ -24,5 +26,18 @@ void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const f
                         int ldb, float beta, float* C, int ldc, int threads);
 void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                         int ldb, float beta, float* C, int ldc, int threads, Bf16GemmPath path);
+
+// An operand rounded once for several products (a weight that stays as it is while they run): packed (rows, cols),
+// as bf16 bits for oneDNN or as rounded floats for sgemm, by the process's path.
+struct Bf16Operand {
+  const float* source = nullptr;  // what it was made from, with its shape
+  int rows = 0, cols = 0, ld = 0;
+  std::vector<uint16_t> bits;
+  std::vector<float> rounded;
+};
+void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads);
+// bf16_gemm_parallel with B prepared (op(B) of B's packed (rows, cols)).
+void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                        const Bf16Operand& B, float beta, float* C, int ldc, int threads);
 
 }  // namespace piper

@@ -106,13 +106,52 @@ void CpuKernels::gemm(bool trans_a, bool trans_b, int M, int N, int K, const flo
     sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc, threads_);
 }
 
+namespace {
+
+// The weights kept on this thread (Kernels::keep_weights): their bf16 operands, made once each while kept; the pool's
+// buffers stay for the next time.
+struct KeptWeights {
+  bool on = false;
+  std::vector<Bf16Operand> pool;
+  size_t used = 0;
+};
+thread_local KeptWeights t_kept;
+
+// The bf16 operand of weight w (rows, cols), made now the first time it is asked for while kept.
+const Bf16Operand& kept_weight(const float* w, int rows, int cols, int threads) {
+  for (size_t i = 0; i < t_kept.used; ++i) {
+    const Bf16Operand& o = t_kept.pool[i];
+    if (o.source == w && o.rows == rows && o.cols == cols) return o;
+  }
+  if (t_kept.used == t_kept.pool.size()) t_kept.pool.emplace_back();
+  Bf16Operand& o = t_kept.pool[t_kept.used++];
+  bf16_prepare(o, w, rows, cols, cols, threads);
+  return o;
+}
+
+}  // namespace
+
+void CpuKernels::keep_weights(bool on) {
+  t_kept.on = on;
+  t_kept.used = 0;
+}
+
+// C(M,N) = A(M,K) · op(w) + beta C for a weight w stored (rows, cols): op(w) = wᵀ (trans_w; K = cols) or w (K = rows).
+void CpuKernels::weight_gemm(bool trans_w, int M, int N, int K, const float* A, const float* w, int rows, int cols,
+                             float beta, float* C) {
+  if (matmul_ == Precision::Bf16 && t_kept.on)
+    bf16_gemm_parallel(false, trans_w, M, N, K, A, K, kept_weight(w, rows, cols, threads_), beta, C, N, threads_);
+  else
+    gemm(false, trans_w, M, N, K, A, K, w, cols, beta, C, N);
+}
+
 void CpuKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
   if (b) {
     for_range(size_t(N), threads_, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) std::memcpy(y + r * OC, b, sizeof(float) * OC);
     });
   }
-  gemm(false, true, N, OC, C, x, C, w, C, b ? 1.f : 0.f, y, OC);
+  weight_gemm(true, N, OC, C, x, w, OC, C, b ? 1.f : 0.f, y);  // w (OC,C)
 }
 
 void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
@@ -144,7 +183,7 @@ void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, con
 
 void CpuKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
                                        bool accumulate) {
-  gemm(false, false, N, C, OC, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C);
+  weight_gemm(false, N, C, OC, dy, w, OC, C, accumulate ? 1.f : 0.f, dx);  // w (OC,C)
 }
 
 void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,

@@ -12,6 +12,7 @@ class CpuKernels final : public Kernels {
 
   void set_matmul_precision(Precision p) override { matmul_ = p; }
   std::string bf16_matmul_path() const override;
+  void keep_weights(bool on) override;
 
   void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
   void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
@@ -94,6 +95,8 @@ class CpuKernels final : public Kernels {
   // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a linear layer, in the matmul precision.
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc);
+  void weight_gemm(bool trans_w, int M, int N, int K, const float* A, const float* w, int rows, int cols, float beta,
+                   float* C);
 
   int threads_;
   Precision matmul_ = Precision::Fp32;
