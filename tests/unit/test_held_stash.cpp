@@ -50,7 +50,8 @@ TEST_CASE("held stash: the most samples whose view fits the limit, at least the 
   }
 }
 
-TEST_CASE("held stash: a segment spread over ranks keeps one piece; the head is not a type of samples apart", "[bf16]") {
+TEST_CASE("held stash: a segment spread over ranks keeps one piece, and the head is not a type of samples apart",
+          "[bf16]") {
   const Model m = gpt(128);
   CHECK_FALSE(m.segments.back().type->samples_apart);
   Segment attention = m.segments[1];
