@@ -132,6 +132,13 @@ def tiny_mlp(name="mlp", steps=2):
     return TINY_MLP.format(name=name, steps=steps)
 
 
+def checkpoint(d, name, text):
+    """Trains the job `text` on one process for 2 steps with a checkpoint at step 2, in d/name; returns its path."""
+    ck = os.path.join(d, name)
+    run(1, write(d, f"{name}.toml", text + f'\n[checkpoint]\ndir = "{ck}"\nevery = 2\n'), "--steps", "2")
+    return os.path.join(ck, "step_00000002.h5")
+
+
 def python_with(env, modules):
     """An interpreter that imports `modules` ("transformers, torch"): $env's, this one or Debian's; None if none does."""
     pythons = [os.environ.get(env), sys.executable, "/usr/bin/python3"]

@@ -11,8 +11,8 @@ import json
 import os
 import subprocess
 
-from common import (fail, piper_ckpt, python_with, run, tempdir, tiny_gpt, tiny_mlp, tiny_qwen3, tiny_qwen3_moe,
-                    write)
+from common import (checkpoint, fail, piper_ckpt, python_with, run, tempdir, tiny_gpt, tiny_mlp, tiny_qwen3,
+                    tiny_qwen3_moe, write)
 
 LOAD = """
 import json, sys
@@ -21,12 +21,6 @@ m, info = AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=
 print(json.dumps({"class": type(m).__name__, "params": sum(p.numel() for p in m.parameters()),
                   "problems": {k: list(v) for k, v in info.items() if v}}))
 """
-
-
-def checkpoint(d, name, text):
-    ck = os.path.join(d, name)
-    run(1, write(d, f"{name}.toml", text + f'\n[checkpoint]\ndir = "{ck}"\nevery = 2\n'), "--steps", "2")
-    return os.path.join(ck, "step_00000002.h5")
 
 
 def model_keys(ckpt):

@@ -10,8 +10,8 @@ import json
 import os
 import subprocess
 
-from common import (PIPER, fail, piper_ckpt, python_with, run, tempdir, tiny_gpt, tiny_mlp, tiny_qwen3,
-                    tiny_qwen3_moe, write)
+from common import (PIPER, checkpoint, fail, piper_ckpt, python_with, tempdir, tiny_gpt, tiny_mlp, tiny_qwen3,
+                    tiny_qwen3_moe)
 
 HF_LOGITS = """
 import json, sys, torch
@@ -24,12 +24,6 @@ with torch.no_grad():
                      pad_token_id=0)
 print(json.dumps({"logits": logits, "greedy": out[0, ids.shape[1]:].tolist()}))
 """
-
-
-def checkpoint(d, name, text):
-    ck = os.path.join(d, name)
-    run(1, write(d, f"{name}.toml", text + f'\n[checkpoint]\ndir = "{ck}"\nevery = 2\n'), "--steps", "2")
-    return os.path.join(ck, "step_00000002.h5")
 
 
 def sample(ckpt, *args, want=0):
