@@ -81,6 +81,16 @@ def cpu_line():
     return f"{model}, {os.cpu_count()} cores, bf16 instructions: {' '.join(bf16) or 'none'}"
 
 
+def instruction_ceiling(build, threads):
+    """bench/fma_peak's line: the processor's bf16 dot-product rate against its fp32 FMA rate, no memory."""
+    exe = os.path.join(os.path.abspath(build), "bench", "fma_peak")
+    if not os.path.exists(exe):
+        return "fma_peak not built"
+    text = subprocess.run([exe, "--threads", str(threads)], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"fp32_gflops=(\S+) bf16_gflops=(\S+) ratio=(\S+)", text)
+    return f"fp32 FMA {m.group(1)} GFLOP/s, bf16 dot {m.group(2)} GFLOP/s, bf16 / fp32 {m.group(3)}" if m else text
+
+
 def throughput(a, piper, py, out):
     rows = {}
     paths = set()
@@ -100,6 +110,7 @@ def throughput(a, piper, py, out):
     print()
     print(f"bf16 throughput, {a.threads} thread(s), median over {a.rounds} rounds of each run's median step "
           f"(steps {a.skip + 1}-{a.steps}); {cpu_line()}; piper's bf16 matmuls: {', '.join(sorted(paths - {'fp32 sgemm'}))}")
+    print(f"instruction ceiling (bench/fma_peak, {a.threads} thread(s)): {instruction_ceiling(a.build, a.threads)}")
     print("| model | run | tok/s | / piper fp32 | / piper bf16 |")
     print("|---|---|---|---|---|")
     for model, _ in JOBS:
