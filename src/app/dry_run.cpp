@@ -136,7 +136,7 @@ void print_summary(const JobSpec& spec, const CompileResult& result, const DryRu
               g.regions.size(), g.sets.size(), g.microbatches, g.samples_per_microbatch);
   if (spec.job.precision == "bf16")
     std::printf("precision bf16: matmuls on bf16 operands; the blocks' stashes and inputs held in bf16 (a pass whose "
-                "fp32 view would pass a tenth of them goes by pieces of at least %lld rows), counted so in the memory "
+                "fp32 view would pass a twelfth of them goes by pieces of at least %lld rows), counted so in the memory "
                 "below; the cost model's matmul rate is its fp32 one\n",
                 static_cast<long long>(held_piece_rows(spec)));
   if (spec.job.grad_reduce == "bf16")

@@ -176,7 +176,8 @@ int sample_command(const std::vector<std::string>& args) {
   CheckpointReader reader(o.checkpoint);
   verify_checkpoint(reader.path(), "", /*read_data=*/false);  // then each tensor read is checked by its hashes
   const ModelSpec spec = checkpoint_model(reader);
-  const Model model = build_model(spec);
+  Model model = build_model(spec);
+  model.dims.bf16_matmul_inputs = o.precision == Precision::Bf16;
 
   std::unique_ptr<TokenCodec> codec =
       o.tokenizer.empty() ? byte_codec(spec.vocab) : tokenizer_json_codec(o.tokenizer, o.python);

@@ -1,5 +1,5 @@
-// The compute primitives a backend provides (fp32 buffers; matmuls may take bf16-rounded operands). Layers are composed from these in src/layers;
-// every pointer is device memory of the backend. Shapes are row-major and written next to each call.
+// The compute primitives a backend provides, from which the model segments (src/model) are composed: fp32 buffers,
+// and bf16 activations where a bf16 run holds them. Every pointer is device memory of the backend; shapes row-major.
 #pragma once
 #include <cstddef>
 #include <cstdlib>
@@ -14,6 +14,29 @@ struct AdamWArgs {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float grad_scale = 1;  // gradient clipping coefficient, applied before the moments
   int64_t step = 1;      // 1-based step for bias correction
+};
+
+// An activation at the width a segment holds it: fp32, or bf16 bits (util/precision.hpp's rounding) where a bf16 run
+// holds a tensor that only matmuls read (they round their operands to bf16 anyway, so the products see the same
+// bits either way). The kernels that take one write or read it at its width; fp32 pointers convert to it. A bf16
+// activation is only for a backend in bf16 matmul precision (set_matmul_precision).
+struct Act {
+  void* p = nullptr;
+  bool bf16 = false;
+  Act() = default;
+  Act(float* values) : p(values) {}  // NOLINT: fp32 pointers are fp32 activations
+  Act(void* data, bool is_bf16) : p(data), bf16(is_bf16) {}
+  float* f32() const { return static_cast<float*>(p); }
+  uint16_t* bits() const { return static_cast<uint16_t*>(p); }
+};
+struct ConstAct {
+  const void* p = nullptr;
+  bool bf16 = false;
+  ConstAct(const float* values) : p(values) {}   // NOLINT
+  ConstAct(const Act& a) : p(a.p), bf16(a.bf16) {}  // NOLINT
+  ConstAct(const void* data, bool is_bf16) : p(data), bf16(is_bf16) {}
+  const float* f32() const { return static_cast<const float*>(p); }
+  const uint16_t* bits() const { return static_cast<const uint16_t*>(p); }
 };
 
 // One product of a grouped linear call (Kernels::linear_*_grouped): the operands of the matching linear_* call,
@@ -47,17 +70,17 @@ class Kernels {
   // its samples). Its results do not change.
   virtual void keep_weights(bool on) { (void)on; }
 
-  // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null.
-  virtual void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) = 0;
+  // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null. x may be a bf16 activation.
+  virtual void linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) = 0;
   // y(N,OC) = gelu_tanh(x · w^T + b); dgelu(N,OC) = gelu_tanh'(x · w^T + b), kept for the backward.
-  // Fused: one pass after the matmul computes both from one tanh.
-  virtual void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
-                                   int C, int OC) = 0;
+  // Fused: one pass after the matmul computes both from one tanh. x and y may be bf16 activations (dgelu is fp32).
+  virtual void linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
+                                   int OC) = 0;
   // dx(N,C) (+)= dy(N,OC) · w(OC,C)
   virtual void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
                                      bool accumulate) = 0;
-  // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null.
-  virtual void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+  // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null. x may be a bf16 activation.
+  virtual void linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
                                       bool accumulate) = 0;
   // Many independent products in one call (the experts of a mixture of experts): the same as one
   // linear_forward / linear_backward_input / linear_backward_weight call per group, in list order. Groups that
@@ -84,8 +107,9 @@ class Kernels {
   // dpre(n) = dy(n) * dgelu(n), the derivative saved by linear_gelu_forward; dpre may alias dy.
   virtual void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) = 0;
 
-  // y(N,C) = (x - mean) * rstd * w + b; mean(N), rstd(N) kept for backward.
-  virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+  // y(N,C) = (x - mean) * rstd * w + b; mean(N), rstd(N) kept for backward. y may be a bf16 activation (each
+  // value computed in fp32, then rounded).
+  virtual void layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w, const float* b,
                                  int N, int C) = 0;
   // dx(N,C) (+)= d/dx of layernorm given dy(N,C)
   virtual void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
@@ -119,8 +143,9 @@ class Kernels {
                                   int V, bool accumulate_wte, bool accumulate_wpe) = 0;
 
   // ---- RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, token embedding ----
-  // y(N,C) = x * rstd * w with rstd(N) = 1 / sqrt(mean_c x² + eps), kept for the backward. y may not alias x.
-  virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
+  // y(N,C) = x * rstd * w with rstd(N) = 1 / sqrt(mean_c x² + eps), kept for the backward. y may not alias x; it
+  // may be a bf16 activation (each value computed in fp32, then rounded).
+  virtual void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
   // dx(N,C) (+)= d/dx of rmsnorm given dy(N,C)
   virtual void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
                                       int N, int C, bool accumulate) = 0;
@@ -144,8 +169,8 @@ class Kernels {
                                       const float* k, const float* v, const float* y, const float* lse,
                                       float* scratch, int B, int T, int H, int KV, int D) = 0;
   virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
-  // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x)
-  virtual void swiglu_forward(float* a, const float* g, const float* u, size_t n) = 0;
+  // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded).
+  virtual void swiglu_forward(Act a, const float* g, const float* u, size_t n) = 0;
   // dg(n) = da * u * silu'(g), du(n) = da * silu(g); no aliasing between outputs and inputs
   virtual void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) = 0;
   // x(N,C) = w[tok] (rows of w(V,C)). The one shard that holds every token of vocab_embedding_forward (v0 = 0,

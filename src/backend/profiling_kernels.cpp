@@ -74,11 +74,11 @@ void ProfilingKernels::timed(const char* kernel, F&& f, double flops, const char
 }
 
 // x(N,C) · w(OC,C)^T and its two backward matmuls: each 2·N·C·OC FLOPs.
-void ProfilingKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
+void ProfilingKernels::linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) {
   std::string s = shape_key("linear_forward", N, C, OC);
   timed("linear_forward", [&] { k_.linear_forward(y, x, w, b, N, C, OC); }, matmul_flops(N, C, OC), s.c_str());
 }
-void ProfilingKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b,
+void ProfilingKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b,
                                            int N, int C, int OC) {
   std::string s = shape_key("linear_gelu_forward", N, C, OC);
   timed("linear_gelu_forward", [&] { k_.linear_gelu_forward(dgelu, y, x, w, b, N, C, OC); }, matmul_flops(N, C, OC),
@@ -90,7 +90,7 @@ void ProfilingKernels::linear_backward_input(float* dx, const float* dy, const f
   timed("linear_backward_input", [&] { k_.linear_backward_input(dx, dy, w, N, C, OC, accumulate); },
         matmul_flops(N, C, OC), s.c_str());
 }
-void ProfilingKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C,
+void ProfilingKernels::linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C,
                                               int OC, bool accumulate) {
   std::string s = shape_key("linear_backward_weight", N, C, OC);
   timed("linear_backward_weight", [&] { k_.linear_backward_weight(dw, db, dy, x, N, C, OC, accumulate); },
@@ -114,7 +114,7 @@ void ProfilingKernels::linear_backward_weight_grouped(const LinearGroup* groups,
 void ProfilingKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
   timed("gelu_backward", [&] { k_.gelu_backward(dpre, dy, dgelu, n); });
 }
-void ProfilingKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+void ProfilingKernels::layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w,
                                          const float* b, int N, int C) {
   timed("layernorm_forward", [&] { k_.layernorm_forward(y, mean, rstd, x, w, b, N, C); });
 }
@@ -143,7 +143,7 @@ void ProfilingKernels::embedding_backward(float* dwte, float* dwpe, const float*
   timed("embedding_backward",
         [&] { k_.embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe); });
 }
-void ProfilingKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C,
+void ProfilingKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C,
                                        float eps) {
   timed("rmsnorm_forward", [&] { k_.rmsnorm_forward(y, rstd, x, w, N, C, eps); });
 }
@@ -168,7 +168,7 @@ void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, c
   timed("gqa_attention_backward",
         [&] { k_.gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D); });
 }
-void ProfilingKernels::swiglu_forward(float* a, const float* g, const float* u, size_t n) {
+void ProfilingKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
   timed("swiglu_forward", [&] { k_.swiglu_forward(a, g, u, n); });
 }
 void ProfilingKernels::swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u,

@@ -125,7 +125,10 @@ void compile_job(const JobSpec& spec, int world, CompileResult& out) {
     if (peak_reset && before > 0) p.peak_growth_bytes = std::max<int64_t>(0, peak_resident_bytes() - before);
     out.phases.push_back(p);
   };
-  phase("model", [&] { out.model = build_model(spec.model); });
+  phase("model", [&] {
+    out.model = build_model(spec.model);
+    out.model.dims.bf16_matmul_inputs = spec.job.precision == "bf16";
+  });
   phase("graph", [&] { out.graph = build_training_graph(out.model, spec, world); });
   phase("passes", [&] { out.applied = apply_directives(out.graph, spec); });
   phase("lowering", [&] { out.bodies = lower(out.graph, spec); });

@@ -390,7 +390,7 @@ class Lowerer {
   HeldStash held(int seg) const {
     return held_stash(segs_[size_t(seg)], m_.dims, b_, input_in_stash(seg), p_.held_pieces);
   }
-  // When this set's passes go by pieces: a view may take a tenth (kHeldViewShare) of one microbatch's held stashes.
+  // When this set's passes go by pieces: a view may take a twelfth (kHeldViewShare) of one microbatch's held stashes.
   HeldPieceRule held_piece_rule() const {
     HeldPieceRule rule;
     rule.min_rows = held_piece_rows(spec_);

@@ -23,7 +23,10 @@ struct ModelDims {
   // mixture of experts ([model.moe]); experts = 0: none
   int moe_experts = 0, moe_top_k = 2, moe_d_expert = 0, moe_every = 1;
   bool moe_norm_topk_prob = true;
-  uint8_t padding1_[7] = {};
+  // Set from job.precision, not the job's [model]: a bf16 run's segments hold the activations that only matmuls read
+  // in bf16 (Act), at half the bytes in their buffers' sizes.
+  bool bf16_matmul_inputs = false;
+  uint8_t padding1_[6] = {};
   double moe_aux_loss_coef = 0.001, moe_capacity_factor = 0;  // capacity 0: dropless
   // Values a family keeps for itself, by the slot its key table gives them (ModelKey's FamilySlot): a
   // family's new hyperparameter needs no field here. Read them with family_value (model_keys.hpp).
@@ -37,7 +40,7 @@ struct ModelDims {
 // A ModelDims as plain bytes (a plan travels so): its bool members must each hold 0 or 1.
 inline ModelDims get_model_dims(ByteReader& r) {
   return r.get<ModelDims>({offsetof(ModelDims, qk_norm), offsetof(ModelDims, tie_embeddings),
-                           offsetof(ModelDims, moe_norm_topk_prob)});
+                           offsetof(ModelDims, moe_norm_topk_prob), offsetof(ModelDims, bf16_matmul_inputs)});
 }
 
 }  // namespace piper

@@ -19,7 +19,7 @@ bool grows_by_sample(const SegmentSizes& whole, const SegmentSizes& part, int k)
 
 HeldStash held_stash(const Segment& s, const ModelDims& d, int samples, bool input, const HeldPieceRule& rule) {
   int piece = samples;
-  const uint64_t whole_view = held_stash_layout(s, d, samples, input).fp32_bytes();
+  const uint64_t whole_view = held_stash_layout(s, d, samples, input).view_bytes();
   if (s.type->samples_apart && s.shards <= 1 && samples > 1 && rule.view_limit > 0 && whole_view > rule.view_limit) {
     // divisors of samples (in pairs up to the root): the largest within the view limit and at least min_rows rows,
     // else the smallest of at least min_rows rows

@@ -29,26 +29,41 @@ struct SegmentSizes {
 
 // A stash as runs of 4-byte values in the order the segment carves them (model/stash_carver.hpp): floats that a
 // bf16 run stores as bf16, at half the bytes, and values stored as they are (int32 ids; statistics such as a
-// norm's rstd or a softmax's log-sum-exp). Stored so, each run starts 4-byte aligned, one after another.
+// norm's rstd or a softmax's log-sum-exp). Stored so, each run starts 4-byte aligned, one after another. A run
+// in place (a bf16 activation, kernels.hpp's Act) is written and read by the segment where it is stored: it takes
+// no room in the fp32 view of a pass.
 struct StashRun {
-  uint64_t offset = 0, bytes = 0;  // in the fp32 stash
+  uint64_t offset = 0, bytes = 0;  // in the fp32 view (a run in place: where the view would have it)
   bool exact = false;
+  bool in_place = false;
 };
 struct StashLayout {
   std::vector<StashRun> runs;  // in order, one after another from 0
   // Appends a run, or extends the last one where it is of the same kind.
-  void add(uint64_t offset, uint64_t bytes, bool exact) {
+  void add(uint64_t offset, uint64_t bytes, bool exact, bool in_place = false) {
     if (bytes == 0) return;
-    if (!runs.empty() && runs.back().exact == exact && runs.back().offset + runs.back().bytes == offset)
+    if (!runs.empty() && !in_place && !runs.back().in_place && runs.back().exact == exact &&
+        runs.back().offset + runs.back().bytes == offset)
       runs.back().bytes += bytes;
     else
-      runs.push_back({offset, bytes, exact});
+      runs.push_back({offset, bytes, exact || in_place, in_place});
   }
   static uint64_t packed_size(const StashRun& r) { return r.exact ? r.bytes : (r.bytes / 2 + 3) / 4 * 4; }
-  uint64_t fp32_bytes() const { return runs.empty() ? 0 : runs.back().offset + runs.back().bytes; }
+  // The fp32 view of a pass: every run but those in place.
+  uint64_t view_bytes() const {
+    for (auto r = runs.rbegin(); r != runs.rend(); ++r)
+      if (!r->in_place) return r->offset + r->bytes;
+    return 0;
+  }
   uint64_t packed_bytes() const {
     uint64_t n = 0;
     for (const StashRun& r : runs) n += packed_size(r);
+    return n;
+  }
+  // The runs in place: with the view, the bytes of the stash as one buffer (SegmentSizes::stash_bytes).
+  uint64_t in_place_bytes() const {
+    uint64_t n = 0;
+    for (const StashRun& r : runs) n += r.in_place ? r.bytes : 0;
     return n;
   }
 };
@@ -71,6 +86,9 @@ struct SegmentIO {
   float* out = nullptr;             // activation for the next segment; null for the loss segment
   void* stash = nullptr;            // forward → backward (data is loaded into its start, see DataSlot)
   void* stash_tail = nullptr;       // selective recompute: the stash's recomputed part, apart (null: after its kept part)
+  // A stash held in bf16 and used in a view (stash is then the view): where it is held, in its layout's order. The
+  // runs in place (bf16 activations) are there, not in the view.
+  void* stash_held = nullptr;
   float* wstash = nullptr;          // backward-input → backward-weight
   void* link = nullptr;             // the stash of the segment SegmentType::link_offset away (same microbatch)
   float* workspace = nullptr;       // scratch, SegmentSizes::workspace_bytes
@@ -180,7 +198,7 @@ inline SegmentSizes segment_sizes(const Segment& s, const ModelDims& d, int samp
 // segment's input (SegmentSizes::input_bytes, rounded to bf16 as well).
 inline StashLayout held_stash_layout(const Segment& s, const ModelDims& d, int samples, bool input) {
   StashLayout layout = s.type->stash_layout(s, d, samples);
-  if (input) layout.add(layout.fp32_bytes(), segment_sizes(s, d, samples).input_bytes, false);
+  if (input) layout.add(layout.view_bytes(), segment_sizes(s, d, samples).input_bytes, false);
   return layout;
 }
 
@@ -191,7 +209,7 @@ struct HeldStash {
   int pieces = 1;
   StashLayout piece;  // one piece's held runs (held_stash_layout of samples / pieces samples)
   uint64_t held_bytes() const { return uint64_t(pieces) * piece.packed_bytes(); }
-  uint64_t view_bytes() const { return piece.fp32_bytes(); }
+  uint64_t view_bytes() const { return piece.view_bytes(); }
 };
 // When a pass goes by pieces (Plan::held_pieces): where its whole view would pass `view_limit` bytes, in pieces of
 // the most samples whose view stays within it, but never fewer rows than `min_rows` where the microbatch has them

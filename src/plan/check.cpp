@@ -105,6 +105,10 @@ class PlanCheck {
     } catch (const UserError& e) {
       require(false, "dimensions a job file could not have: ", e.what());
     }
+    require(d.bf16_matmul_inputs == (p_.precision == Precision::Bf16),
+            "activations for matmuls held in ", d.bf16_matmul_inputs ? "bf16" : "fp32", " in a ",
+            precision_name(p_.precision), " plan");
+    built.dims.bf16_matmul_inputs = d.bf16_matmul_inputs;
     require(built.dims == d, "dimensions differ from what model.kind = \"", family->kind, "\" derives from them");
     require(built.params == p_.params, "parameters differ from what the model's dimensions give");
     require(built.segments.size() == p_.segments.size(), "segments differ from what the model's dimensions give");
@@ -360,8 +364,9 @@ class PlanCheck {
       require(!holds_input || type.reads_input, "a stash holding the input of a segment that reads none");
       const HeldStash held = held_stash(seg, p_.dims, in.samples, holds_input, p_.held_pieces);
       const uint64_t input = holds_input ? z.input_bytes : 0;
-      require(uint64_t(held.pieces) * held.view_bytes() == z.stash_bytes + input, "a stash layout of ", held.pieces,
-              " x ", held.view_bytes(), " bytes for a stash of ", z.stash_bytes, " and an input of ", input);
+      const uint64_t piece = held.view_bytes() + held.piece.in_place_bytes();  // as one buffer
+      require(uint64_t(held.pieces) * piece == z.stash_bytes + input, "a stash layout of ", held.pieces, " x ", piece,
+              " bytes for a stash of ", z.stash_bytes, " and an input of ", input);
       bytes(in.stash, held.held_bytes(), "bf16 stash");
       bytes(in.stash_view, held.view_bytes(), "stash view");
     } else {

@@ -154,6 +154,12 @@ struct InstrText {
     buf("dout", a.dout);
     buf("din", a.din);
     buf("link", a.link);
+    if (a.stash_bf16) {  // held in bf16: the pass's view, and the pieces it goes by
+      buf("view", a.stash_view);
+      const Segment& seg = p.segments[size_t(a.segment)];
+      os << " pieces="
+         << held_stash(seg, p.dims, a.samples, (a.stash_bf16 & kStashHoldsInput) != 0, p.held_pieces).pieces;
+    }
     if (std::find(a.overwrite.begin(), a.overwrite.end(), 1) != a.overwrite.end()) {
       os << " overwrite=";
       for (uint8_t o : a.overwrite) os << int(o);

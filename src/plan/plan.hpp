@@ -15,7 +15,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 21;
+constexpr uint32_t kPlanVersion = 22;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;

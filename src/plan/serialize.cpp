@@ -62,8 +62,6 @@ DataConfig get_data(ByteReader& r) {
   return d;
 }
 
-void put_int_vec(ByteWriter& w, const std::vector<int32_t>& v) { w.put_vector(v); }
-
 // Each payload's fields, in one order for writing and reading: io(field) is called for every field.
 template <typename Io, typename... Fields>
 void fields(Io& io, Fields&... f) {

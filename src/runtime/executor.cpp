@@ -608,8 +608,8 @@ void Executor::run_pass(Op op, const ComputeArgs& in, const Segment& seg, Segmen
 }
 
 // A stash held in bf16 is used in fp32 in the view, a piece of samples at a time: a forward writes the piece's stash
-// there and it is stored, a backward reads it back there first. With the input held too, the view keeps it after
-// the stash. Each piece's activations, gradients and BI→BW stash follow the one before; later pieces add to the
+// there and it is stored, a backward reads it back there first; its bf16 activations (runs in place) are written
+// and read where they are held. With the input held too, the view keeps it after the stash. Each piece's activations, gradients and BI→BW stash follow the one before; later pieces add to the
 // weight gradients the first wrote.
 void Executor::run_held_pieces(Op op, const ComputeArgs& in, const Segment& seg, const SegmentIO& io,
                                const HeldStash& held) {
@@ -617,7 +617,7 @@ void Executor::run_held_pieces(Op op, const ComputeArgs& in, const Segment& seg,
   const SegmentSizes part = segment_sizes(seg, plan_.dims, samples);
   const bool holds_input = (in.stash_bf16 & kStashHoldsInput) != 0;
   float* view = store_.f(in.stash_view);
-  float* view_input = holds_input ? view + part.stash_bytes / sizeof(float) : nullptr;
+  float* view_input = holds_input ? view + (held.view_bytes() - part.input_bytes) / sizeof(float) : nullptr;  // last
   // the pieces read the same weights: the kernels may round each once (ended however the loop ends)
   struct KeptWeights {
     Kernels& k;
@@ -638,6 +638,7 @@ void Executor::run_held_pieces(Op op, const ComputeArgs& in, const Segment& seg,
     if (piece > 0) pio.overwrite = nullptr;  // adds to what the first piece wrote
     void* held_piece = static_cast<char*>(io.stash) + at * held.piece.packed_bytes();
     pio.stash = view;
+    pio.stash_held = held_piece;
     if (op != Op::Forward) {
       load_stash_bf16(held.piece, held_piece, view);
       if (holds_input) pio.in = view_input;
@@ -654,7 +655,8 @@ void Executor::store_stash_bf16(const StashLayout& layout, const float* view, vo
   char* to = static_cast<char*>(held);
   const char* from = reinterpret_cast<const char*>(view);
   for (const StashRun& r : layout.runs) {
-    if (r.exact) k_.copy(to, from + r.offset, r.bytes);
+    if (r.in_place) {}  // written there by the segment
+    else if (r.exact) k_.copy(to, from + r.offset, r.bytes);
     else k_.to_bf16(reinterpret_cast<uint16_t*>(to), reinterpret_cast<const float*>(from + r.offset), r.bytes / 4);
     to += StashLayout::packed_size(r);
   }
@@ -664,7 +666,8 @@ void Executor::load_stash_bf16(const StashLayout& layout, const void* held, floa
   const char* from = static_cast<const char*>(held);
   char* to = reinterpret_cast<char*>(view);
   for (const StashRun& r : layout.runs) {
-    if (r.exact) k_.copy(to + r.offset, from, r.bytes);
+    if (r.in_place) {}  // read there by the segment
+    else if (r.exact) k_.copy(to + r.offset, from, r.bytes);
     else k_.from_bf16(reinterpret_cast<float*>(to + r.offset), reinterpret_cast<const uint16_t*>(from), r.bytes / 4);
     from += StashLayout::packed_size(r);
   }

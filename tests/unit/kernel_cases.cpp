@@ -75,6 +75,7 @@ const std::vector<KernelCase>& kernel_cases() {
     add_tensor_parallel_cases(c);
     add_elementwise_cases(c);
     add_bf16_cases(c);
+    add_bf16_activation_cases(c);
     return c;
   }();
   return cases;

@@ -20,6 +20,14 @@ void add_moe_routing_cases(std::vector<KernelCase>& cases);  // router, capacity
 void add_tensor_parallel_cases(std::vector<KernelCase>& cases);  // vocabulary-parallel cross-entropy
 void add_elementwise_cases(std::vector<KernelCase>& cases);  // add, fill, copy, sum of squares, AdamW
 void add_bf16_cases(std::vector<KernelCase>& cases);         // a bf16 run's matmuls: linear calls, grouped
+void add_bf16_activation_cases(std::vector<KernelCase>& cases);  // kernels that write or read bf16 activations
+
+// The call in bf16 matmul precision, the kernels left in fp32 after it (kernel_cases_bf16.cpp).
+std::function<void(Kernels&, Buffers&)> in_bf16(std::function<void(Kernels&, Buffers&)> call);
+std::vector<float> rounded(std::vector<float> v);  // each value rounded to bf16
+// a(n,in) · b (out,in)ᵀ, or with b_transposed b (in,out), in double: (n,out)
+std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int n, int in, int out,
+                            bool b_transposed);
 
 // "N=70 C=96"
 std::string dims(std::initializer_list<std::pair<const char*, long>> d);

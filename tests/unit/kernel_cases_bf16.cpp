@@ -10,9 +10,6 @@
 
 namespace piper::test {
 
-namespace {
-
-// The call in bf16 matmul precision, the kernels left in fp32 after it.
 std::function<void(Kernels&, Buffers&)> in_bf16(std::function<void(Kernels&, Buffers&)> call) {
   return [call](Kernels& k, Buffers& b) {
     struct Fp32Again {
@@ -29,7 +26,6 @@ std::vector<float> rounded(std::vector<float> v) {
   return v;
 }
 
-// a(n,in) · b (out,in)ᵀ, or with b_transposed b (in,out), in double: (n,out)
 std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int n, int in, int out,
                             bool b_transposed) {
   std::vector<double> y(size_t(n) * out, 0.0);
@@ -42,6 +38,8 @@ std::vector<double> product(const std::vector<float>& a, const std::vector<float
     }
   return y;
 }
+
+namespace {
 
 std::vector<float> transposed(const std::vector<float>& m, int rows, int cols) {
   std::vector<float> t(m.size());
@@ -221,6 +219,7 @@ void bf16_storage_cases(std::vector<KernelCase>& cases) {
 // The double references below round what the kernels round. A kernel rounds fp32 values that carry their own errors
 // (fp32 sums, exp), so near a tie it may round to the other neighbour: `doubt` is the bf16 step that x may take the
 // other way when the kernel's value lies within `window` of x (0 almost always).
+using test::rounded;  // the vector's, beside this one
 double rounded(double x) { return double(round_bf16(float(x))); }
 double doubt(double x, double window) { return std::abs(rounded(x + window) - rounded(x - window)); }
 

@@ -106,3 +106,58 @@ TEST_CASE("bf16 linear layers with kept weights: the same bits, and a weight cha
   k.keep_weights(false);
   for (size_t i = 0; i < y1.size(); ++i) CHECK(y1[i] == Approx(2 * b[i % OC] - y0[i]).margin(1e-5));
 }
+
+TEST_CASE("bf16 gemm: bf16 operands give the bits of the fp32 values they round, on both paths and every transpose",
+          "[bf16]") {
+  const int M = 33, N = 40, K = 57;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> A(size_t(M) * K), B(size_t(K) * N), prior(size_t(M) * N);
+  for (auto* v : {&A, &B, &prior})
+    for (float& x : *v) x = u(gen);
+  std::vector<uint16_t> a16(A.size()), b16(B.size());
+  for (size_t i = 0; i < A.size(); ++i) a16[i] = bf16_bits(A[i]);
+  for (size_t i = 0; i < B.size(); ++i) b16[i] = bf16_bits(B[i]);
+  std::vector<Bf16GemmPath> paths = {Bf16GemmPath::Rounded};
+  if (bf16_onednn_loaded()) paths.push_back(Bf16GemmPath::OneDnn);
+  for (Bf16GemmPath path : paths)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int lda = ta ? M : K, ldb = tb ? K : N;
+        std::vector<float> want = prior, a_bits = prior, both_bits = prior;
+        bf16_gemm(ta, tb, M, N, K, {A.data(), nullptr, lda}, {B.data(), nullptr, ldb}, 1.f, want.data(), N, 2, path);
+        bf16_gemm(ta, tb, M, N, K, {nullptr, a16.data(), lda}, {B.data(), nullptr, ldb}, 1.f, a_bits.data(), N, 2,
+                  path);
+        bf16_gemm(ta, tb, M, N, K, {nullptr, a16.data(), lda}, {nullptr, b16.data(), ldb}, 1.f, both_bits.data(), N,
+                  2, path);
+        INFO("path " << (path == Bf16GemmPath::OneDnn ? "oneDNN" : "rounded") << " ta " << ta << " tb " << tb);
+        CHECK(a_bits == want);
+        CHECK(both_bits == want);
+      }
+}
+
+TEST_CASE("bf16 activations: linear calls with kept weights read them as the fp32 values they round, and an fp32 "
+          "matmul refuses them",
+          "[bf16]") {
+  auto be = make_backend("cpu", 2, 0);
+  Kernels& k = be->kernels();
+  const int N = 29, C = 24, OC = 19;
+  std::mt19937 gen(6);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> x(size_t(N) * C), w(size_t(OC) * C), dy(size_t(N) * OC);
+  for (auto* v : {&x, &w, &dy})
+    for (float& e : *v) e = u(gen);
+  std::vector<uint16_t> x16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x16[i] = bf16_bits(x[i]);
+  std::vector<float> y(size_t(N) * OC), y16 = y, dw(size_t(OC) * C), dw16 = dw;
+  CHECK_THROWS(k.linear_forward(y16.data(), ConstAct(x16.data(), true), w.data(), nullptr, N, C, OC));
+  k.set_matmul_precision(Precision::Bf16);
+  k.keep_weights(true);
+  k.linear_forward(y.data(), x.data(), w.data(), nullptr, N, C, OC);
+  k.linear_forward(y16.data(), ConstAct(x16.data(), true), w.data(), nullptr, N, C, OC);
+  k.keep_weights(false);
+  k.linear_backward_weight(dw.data(), nullptr, dy.data(), x.data(), N, C, OC, false);
+  k.linear_backward_weight(dw16.data(), nullptr, dy.data(), ConstAct(x16.data(), true), N, C, OC, false);
+  CHECK(y16 == y);
+  CHECK(dw16 == dw);
+}

@@ -5,6 +5,7 @@
 
 #include "model/build.hpp"
 #include "model/segment_type.hpp"
+#include "model/stash_carver.hpp"
 
 using namespace piper;
 
@@ -24,7 +25,7 @@ TEST_CASE("held stash: the most samples whose view fits the limit, at least the 
   const Segment& mlp = m.segments[2];
   REQUIRE(mlp.type->name == "gpt2.mlp");
   REQUIRE(mlp.type->samples_apart);
-  const uint64_t one = held_stash_layout(mlp, m.dims, 1, true).fp32_bytes();  // one sample's view
+  const uint64_t one = held_stash_layout(mlp, m.dims, 1, true).view_bytes();  // one sample's view
   struct Case {
     int samples;
     uint64_t limit;  // in samples' views
@@ -44,8 +45,8 @@ TEST_CASE("held stash: the most samples whose view fits the limit, at least the 
     const HeldStash h = held_stash(mlp, m.dims, c.samples, true, HeldPieceRule{c.min_rows, c.limit * one});
     CHECK(h.pieces == c.pieces);
     const StashLayout piece = held_stash_layout(mlp, m.dims, c.samples / c.pieces, true);
-    CHECK(h.view_bytes() == piece.fp32_bytes());
-    CHECK(uint64_t(h.pieces) * h.view_bytes() == held_stash_layout(mlp, m.dims, c.samples, true).fp32_bytes());
+    CHECK(h.view_bytes() == piece.view_bytes());
+    CHECK(uint64_t(h.pieces) * h.view_bytes() == held_stash_layout(mlp, m.dims, c.samples, true).view_bytes());
     CHECK(h.held_bytes() == uint64_t(h.pieces) * piece.packed_bytes());
   }
 }
@@ -55,8 +56,64 @@ TEST_CASE("held stash: a segment spread over ranks keeps one piece, and the head
   const Model m = gpt(128);
   CHECK_FALSE(m.segments.back().type->samples_apart);
   Segment attention = m.segments[1];
-  const HeldPieceRule rule{128, held_stash_layout(attention, m.dims, 1, true).fp32_bytes()};
+  const HeldPieceRule rule{128, held_stash_layout(attention, m.dims, 1, true).view_bytes()};
   CHECK(held_stash(attention, m.dims, 16, true, rule).pieces == 16);
   attention.shards = 2;  // tensor-parallel: one piece
   CHECK(held_stash(attention, m.dims, 16, true, rule).pieces == 1);
+}
+
+TEST_CASE("held stash: with bf16 matmul inputs, the activations only matmuls read are held in place at 2 bytes, "
+          "outside the view",
+          "[bf16]") {
+  Model m = gpt(16);
+  const Segment& mlp = m.segments[2];
+  REQUIRE(mlp.type->name == "gpt2.mlp");
+  const int64_t n = 3 * 16, C = 32, F = 64;  // 3 samples
+  const StashLayout fp32 = mlp.type->stash_layout(mlp, m.dims, 3);
+  m.dims.bf16_matmul_inputs = true;
+  const StashLayout bf16 = mlp.type->stash_layout(mlp, m.dims, 3);
+  // mean, rstd (n) and gelu' (n,F) stay fp32 in the view; the GELU's output (n,F) and the normed input (n,C) are bf16
+  // where the stash is held
+  CHECK(fp32.view_bytes() == uint64_t(2 * n + 2 * n * F + n * C) * 4);
+  CHECK(bf16.view_bytes() == uint64_t(2 * n + n * F) * 4);
+  CHECK(bf16.packed_bytes() == fp32.packed_bytes());  // held in bf16 either way
+  uint64_t in_place = 0;
+  for (const StashRun& r : bf16.runs) in_place += r.in_place ? r.bytes : 0;
+  CHECK(in_place == uint64_t(n * F + n * C) * 2);
+  // a stash that is not held (one buffer) keeps them in it, at 2 bytes
+  CHECK(segment_sizes(mlp, m.dims, 3).stash_bytes == uint64_t(2 * n + n * F) * 4 + uint64_t(n * F + n * C) * 2);
+}
+
+TEST_CASE("stash carver: a bf16 activation in place lies where the layout's order holds it", "[bf16]") {
+  // kept: exact (5 floats), rounded (7 floats), in place (6 bf16); tail: rounded (3 floats), in place (9 bf16)
+  auto carve = [](StashParts parts, float** exact, float** rounded, Act* kept_act, float** tail_f, Act* tail_a) {
+    StashCarver c(parts);
+    *exact = c.keep_exact(5);
+    *rounded = c.keep<float>(7);
+    *kept_act = c.keep_act(6, true);
+    c.tail(*tail_f, 3);
+    c.tail_act(*tail_a, 9, true);
+    c.finish();
+    return c.bytes();
+  };
+  StashLayout layout;
+  float *e, *r, *t;
+  Act ka, ta;
+  carve(StashParts::recording(&layout), &e, &r, &ka, &t, &ta);
+  std::vector<uint64_t> held_at;  // where each run is held, in order
+  uint64_t at = 0;
+  for (const StashRun& run : layout.runs) held_at.push_back(at), at += StashLayout::packed_size(run);
+  REQUIRE(layout.runs.size() == 5);
+  CHECK(layout.view_bytes() == (5 + 7 + 3) * 4);  // the view: no room for the runs in place
+  CHECK(layout.runs[2].in_place);
+  CHECK(layout.runs[4].in_place);
+  std::vector<char> view(layout.view_bytes()), held(layout.packed_bytes());
+  const size_t plain = carve(StashParts{view.data(), nullptr, nullptr, held.data()}, &e, &r, &ka, &t, &ta);
+  CHECK(plain == layout.view_bytes());
+  CHECK(reinterpret_cast<char*>(e) == view.data());
+  CHECK(reinterpret_cast<char*>(r) == view.data() + 5 * 4);
+  CHECK(static_cast<char*>(ka.p) == held.data() + held_at[2]);
+  CHECK(reinterpret_cast<char*>(t) == view.data() + 12 * 4);
+  CHECK(static_cast<char*>(ta.p) == held.data() + held_at[4]);
+  CHECK(held_at[4] + 20 == held.size());  // 9 bf16 rounded up to 4 bytes, last
 }

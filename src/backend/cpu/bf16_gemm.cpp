@@ -72,9 +72,8 @@ const Bf16Choice& choice() {
 }
 
 // dst(rows, cols) packed = src(rows, cols) with leading dimension ld, each element through `convert`.
-template <typename T, typename Convert>
-const T* packed_copy(std::vector<T>& dst, const float* src, int rows, int cols, int ld, int threads,
-                     Convert convert) {
+template <typename T, typename Src, typename Convert>
+const T* packed_copy(std::vector<T>& dst, const Src* src, int rows, int cols, int ld, int threads, Convert convert) {
   const size_t n = size_t(rows) * size_t(cols);
   if (dst.size() < n) dst.resize(n);
   T* out = dst.data();
@@ -82,13 +81,32 @@ const T* packed_copy(std::vector<T>& dst, const float* src, int rows, int cols, 
     for (size_t i = b; i < e;) {  // row by row within [b, e)
       const size_t r = i / size_t(cols), c0 = i % size_t(cols);
       const size_t c1 = std::min(size_t(cols), c0 + (e - i));
-      const float* __restrict s = src + r * size_t(ld);
+      const Src* __restrict s = src + r * size_t(ld);
       T* __restrict d = out + r * size_t(cols);
       for (size_t c = c0; c < c1; ++c) d[c] = convert(s[c]);
       i += c1 - c0;
     }
   });
   return out;
+}
+
+// An operand (rows, cols) as oneDNN takes it, bf16 bits: its own bits as they are, or its values rounded into
+// `scratch` (packed). ld: the leading dimension of what is returned.
+const uint16_t* as_bits(const Bf16Input& in, int rows, int cols, std::vector<uint16_t>& scratch, int threads,
+                        int& ld) {
+  if (in.bits) return ld = in.ld, in.bits;
+  ld = cols;
+  return packed_copy(scratch, in.values, rows, cols, in.ld, threads, [](float x) { return bf16_bits(x); });
+}
+
+// The same as sgemm takes it, fp32 values that are bf16: values already rounded as they are, else rounded (or the
+// bits widened) into `scratch`.
+const float* as_rounded(const Bf16Input& in, int rows, int cols, std::vector<float>& scratch, int threads, int& ld) {
+  if (in.values && in.rounded) return ld = in.ld, in.values;
+  ld = cols;
+  if (in.bits)
+    return packed_copy(scratch, in.bits, rows, cols, in.ld, threads, [](uint16_t b) { return bf16_value(b); });
+  return packed_copy(scratch, in.values, rows, cols, in.ld, threads, [](float x) { return round_bf16(x); });
 }
 
 // oneDNN's gemm of packed bf16 operands on the rank's threads.
@@ -115,25 +133,30 @@ void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const f
 
 void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                         int ldb, float beta, float* C, int ldc, int threads, Bf16GemmPath path) {
+  bf16_gemm(trans_a, trans_b, M, N, K, Bf16Input{A, nullptr, lda}, Bf16Input{B, nullptr, ldb}, beta, C, ldc, threads,
+            path);
+}
+
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B, float beta,
+               float* C, int ldc, int threads, Bf16GemmPath path) {
   if (M <= 0 || N <= 0) return;
-  // op(A) is M×K: stored (M,K) with lda, or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
+  // op(A) is M×K: stored (M,K), or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const Bf16Choice& c = choice();
+  int lda = 0, ldb = 0;
   if (path == Bf16GemmPath::OneDnn) {
+    const Bf16Choice& c = choice();
     if (!c.onednn) throw SystemError("bf16 gemm: oneDNN asked for but libdnnl.so.2 did not load");
     static thread_local std::vector<uint16_t> a16, b16;  // grown once, reused by every later call
-    const auto bits = [](float x) { return bf16_bits(x); };
-    const uint16_t* a = packed_copy(a16, A, a_rows, a_cols, lda, threads, bits);
-    const uint16_t* b = packed_copy(b16, B, b_rows, b_cols, ldb, threads, bits);
-    onednn_gemm(c, trans_a, trans_b, M, N, K, a, a_cols, b, b_cols, beta, C, ldc, threads);
+    const uint16_t* a = as_bits(A, a_rows, a_cols, a16, threads, lda);
+    const uint16_t* b = as_bits(B, b_rows, b_cols, b16, threads, ldb);
+    onednn_gemm(c, trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
     return;
   }
   static thread_local std::vector<float> a32, b32;
-  const auto rounded = [](float x) { return round_bf16(x); };
-  const float* a = packed_copy(a32, A, a_rows, a_cols, lda, threads, rounded);
-  const float* b = packed_copy(b32, B, b_rows, b_cols, ldb, threads, rounded);
-  sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, a_cols, b, b_cols, beta, C, ldc, threads);
+  const float* a = as_rounded(A, a_rows, a_cols, a32, threads, lda);
+  const float* b = as_rounded(B, b_rows, b_cols, b32, threads, ldb);
+  sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, lda, b, ldb, beta, C, ldc, threads);
 }
 
 void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads) {
@@ -146,18 +169,7 @@ void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld
 
 void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
                         const Bf16Operand& B, float beta, float* C, int ldc, int threads) {
-  if (M <= 0 || N <= 0) return;
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const Bf16Choice& c = choice();
-  if (c.path == Bf16GemmPath::OneDnn) {
-    static thread_local std::vector<uint16_t> a16;
-    const uint16_t* a = packed_copy(a16, A, a_rows, a_cols, lda, threads, [](float x) { return bf16_bits(x); });
-    onednn_gemm(c, trans_a, trans_b, M, N, K, a, a_cols, B.bits.data(), B.cols, beta, C, ldc, threads);
-    return;
-  }
-  static thread_local std::vector<float> a32;
-  const float* a = packed_copy(a32, A, a_rows, a_cols, lda, threads, [](float x) { return round_bf16(x); });
-  sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, a_cols, B.rounded.data(), B.cols, beta, C, ldc, threads);
+  bf16_gemm(trans_a, trans_b, M, N, K, Bf16Input{A, nullptr, lda}, B.input(), beta, C, ldc, threads, choice().path);
 }
 
 }  // namespace piper

@@ -27,6 +27,18 @@ void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const f
 void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                         int ldb, float beta, float* C, int ldc, int threads, Bf16GemmPath path);
 
+// An operand of a bf16 matmul with its leading dimension: fp32 values (rounded to bf16 in the call; with `rounded`,
+// values that are bf16 already) or bf16 bits, taken as they are.
+struct Bf16Input {
+  const float* values = nullptr;
+  const uint16_t* bits = nullptr;
+  int ld = 0;
+  bool rounded = false;
+};
+// C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C as bf16_gemm_parallel, each operand as it comes.
+void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B, float beta,
+               float* C, int ldc, int threads, Bf16GemmPath path);
+
 // An operand rounded once for several products (a weight that stays as it is while they run): packed (rows, cols),
 // as bf16 bits for oneDNN or as rounded floats for sgemm, by the process's path.
 struct Bf16Operand {
@@ -34,6 +46,9 @@ struct Bf16Operand {
   int rows = 0, cols = 0, ld = 0;
   std::vector<uint16_t> bits;
   std::vector<float> rounded;
+  Bf16Input input() const {  // as the process's path made it
+    return bits.empty() ? Bf16Input{rounded.data(), nullptr, cols, true} : Bf16Input{nullptr, bits.data(), cols};
+  }
 };
 void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads);
 // bf16_gemm_parallel with B prepared (op(B) of B's packed (rows, cols)).

@@ -10,9 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/act_store.hpp"
 #include "backend/cpu/bf16_gemm.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"
+#include "util/error.hpp"
+#include "util/precision.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -98,12 +101,24 @@ CpuKernels::CpuKernels(int threads) : threads_(std::max(1, threads)) { openblas_
 
 std::string CpuKernels::bf16_matmul_path() const { return bf16_gemm_description(); }
 
-void CpuKernels::gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
-                      int ldb, float beta, float* C, int ldc) {
-  if (matmul_ == Precision::Bf16)
-    bf16_gemm_parallel(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, threads_);
-  else
-    sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc, threads_);
+namespace {
+
+// An activation as a bf16 matmul operand with leading dimension ld: its bits, or its fp32 values to round.
+Bf16Input bf16_input(ConstAct x, int ld) {
+  return x.bf16 ? Bf16Input{nullptr, x.bits(), ld} : Bf16Input{x.f32(), nullptr, ld};
+}
+
+}  // namespace
+
+void CpuKernels::gemm(bool trans_a, bool trans_b, int M, int N, int K, ConstAct A, int lda, ConstAct B, int ldb,
+                      float beta, float* C, int ldc) {
+  if (matmul_ == Precision::Bf16) {
+    bf16_gemm(trans_a, trans_b, M, N, K, bf16_input(A, lda), bf16_input(B, ldb), beta, C, ldc, threads_,
+              bf16_gemm_path());
+    return;
+  }
+  PIPER_CHECK(!A.bf16 && !B.bf16, "a bf16 activation in an fp32 matmul");
+  sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, A.f32(), lda, B.f32(), ldb, beta, C, ldc, threads_);
 }
 
 namespace {
@@ -137,15 +152,16 @@ void CpuKernels::keep_weights(bool on) {
 }
 
 // C(M,N) = A(M,K) · op(w) + beta C for a weight w stored (rows, cols): op(w) = wᵀ (trans_w; K = cols) or w (K = rows).
-void CpuKernels::weight_gemm(bool trans_w, int M, int N, int K, const float* A, const float* w, int rows, int cols,
+void CpuKernels::weight_gemm(bool trans_w, int M, int N, int K, ConstAct A, const float* w, int rows, int cols,
                              float beta, float* C) {
   if (matmul_ == Precision::Bf16 && t_kept.on)
-    bf16_gemm_parallel(false, trans_w, M, N, K, A, K, kept_weight(w, rows, cols, threads_), beta, C, N, threads_);
+    bf16_gemm(false, trans_w, M, N, K, bf16_input(A, K), kept_weight(w, rows, cols, threads_).input(), beta, C, N,
+              threads_, bf16_gemm_path());
   else
     gemm(false, trans_w, M, N, K, A, K, w, cols, beta, C, N);
 }
 
-void CpuKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
+void CpuKernels::linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) {
   if (b) {
     for_range(size_t(N), threads_, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) std::memcpy(y + r * OC, b, sizeof(float) * OC);
@@ -154,15 +170,26 @@ void CpuKernels::linear_forward(float* y, const float* x, const float* w, const 
   weight_gemm(true, N, OC, C, x, w, OC, C, b ? 1.f : 0.f, y);  // w (OC,C)
 }
 
-void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
+void CpuKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N,
                                      int C, int OC) {
-  if (matmul_ == Precision::Bf16) {  // the bf16 product, then gelu and gelu' in one pass
-    linear_forward(y, x, w, b, N, C, OC);
+  if (matmul_ == Precision::Bf16) {  // the bf16 product (into dgelu when y is bf16), then gelu and gelu' in one pass
+    float* pre = y.bf16 ? dgelu : y.f32();  // (N,OC)
+    linear_forward(pre, x, w, b, N, C, OC);
     for_range(size_t(N) * OC, threads_, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) vec::gelu_and_grad(y[i], y[i], dgelu[i]);
+      if (!y.bf16) {
+        for (size_t i = i0; i < i1; ++i) vec::gelu_and_grad(pre[i], pre[i], dgelu[i]);
+        return;
+      }
+      uint16_t* __restrict out = y.bits();
+      for (size_t i = i0; i < i1; ++i) {
+        float g;
+        vec::gelu_and_grad(pre[i], g, dgelu[i]);
+        out[i] = bf16_bits(g);
+      }
     });
     return;
   }
+  PIPER_CHECK(!x.bf16 && !y.bf16, "a bf16 activation in an fp32 matmul");
   // Each thread multiplies its block of rows into y, then turns it into gelu and gelu' in one pass
   // while the block is still in cache.
   int nt = (double(N) * OC * C < 2e6) ? 1 : threads_;
@@ -170,11 +197,11 @@ void CpuKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, con
   for (int t = 0; t < nt; ++t) {
     int r0 = int(int64_t(N) * t / nt), r1 = int(int64_t(N) * (t + 1) / nt);
     if (r1 <= r0) continue;
-    float* __restrict out = y + int64_t(r0) * OC;
+    float* __restrict out = y.f32() + int64_t(r0) * OC;
     float* __restrict d = dgelu + int64_t(r0) * OC;
     if (b)
-      for (int r = r0; r < r1; ++r) std::memcpy(y + int64_t(r) * OC, b, sizeof(float) * OC);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.f, x + int64_t(r0) * C, C, w, C,
+      for (int r = r0; r < r1; ++r) std::memcpy(y.f32() + int64_t(r) * OC, b, sizeof(float) * OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.f, x.f32() + int64_t(r0) * C, C, w, C,
                 b ? 1.f : 0.f, out, OC);
     size_t n = size_t(r1 - r0) * OC;
     for (size_t i = 0; i < n; ++i) vec::gelu_and_grad(out[i], out[i], d[i]);
@@ -186,7 +213,7 @@ void CpuKernels::linear_backward_input(float* dx, const float* dy, const float* 
   weight_gemm(false, N, C, OC, dy, w, OC, C, accumulate ? 1.f : 0.f, dx);  // w (OC,C)
 }
 
-void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
                                         bool accumulate) {
   gemm(true, false, OC, C, N, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
   if (!db) return;
@@ -210,19 +237,18 @@ void CpuKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu,
   });
 }
 
-void CpuKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+void CpuKernels::layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w,
                                    const float* b, int N, int C) {
   for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
     for (size_t r = e0 / C; r < e1 / C; ++r) {
       const float* __restrict xr = x + r * C;
-      float* __restrict yr = y + r * C;
       const float m = vec::lane_sum(C, [&](int i) { return xr[i]; }) / C;
       const float v = vec::lane_sum(C, [&](int i) {
         const float d = xr[i] - m;
         return d * d;
       });
       float rs = 1.0f / std::sqrt(v / C + 1e-5f);
-      for (int i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+      cpu::store(y, r * C, size_t(C), [&](size_t i) { return (xr[i] - m) * rs * w[i] + b[i]; });  // (C)
       mean[r] = m;
       rstd[r] = rs;
     }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/act_store.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"
@@ -15,14 +16,13 @@ namespace piper {
 using cpu::for_chunks;
 using cpu::for_range;
 
-void CpuKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+void CpuKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
   for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
     for (size_t r = e0 / C; r < e1 / C; ++r) {
       const float* __restrict xr = x + r * C;  // (C)
-      float* __restrict yr = y + r * C;        // (C)
       const float ss = vec::lane_sum(C, [&](int i) { return xr[i] * xr[i]; });
       const float rs = 1.0f / std::sqrt(ss / C + eps);
-      for (int i = 0; i < C; ++i) yr[i] = xr[i] * rs * w[i];
+      cpu::store(y, r * C, size_t(C), [&](size_t i) { return xr[i] * rs * w[i]; });  // (C)
       rstd[r] = rs;
     }
   });
@@ -101,15 +101,14 @@ void CpuKernels::rope(float* x, int B, int T, int H, int D, float theta, bool in
   });
 }
 
-void CpuKernels::swiglu_forward(float* a, const float* g, const float* u, size_t n) {
+void CpuKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
   for_range(n, threads_, [&](size_t e0, size_t e1) {
-    float* __restrict out = a;
-    const float* __restrict gate = g;
-    const float* __restrict up = u;
-    for (size_t i = e0; i < e1; ++i) {
+    const float* __restrict gate = g + e0;
+    const float* __restrict up = u + e0;
+    cpu::store(a, e0, e1 - e0, [&](size_t i) {
       const float sig = 1.0f / (1.0f + vec::exp_approx(-gate[i]));
-      out[i] = gate[i] * sig * up[i];
-    }
+      return gate[i] * sig * up[i];
+    });
   });
 }
 

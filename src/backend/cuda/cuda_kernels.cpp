@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_launch.hpp"
+#include "util/error.hpp"
 
 namespace piper {
 
@@ -28,10 +29,10 @@ void gemm(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int K, flo
                             &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// The same product with A and B rounded to bf16 (packed copies in the stream's workspace) and fp32 accumulation
-// into the fp32 C: the linear layers' matmuls of a bf16 run, on tensor cores.
-void gemm_bf16(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
-               const float* B, int ldb, float beta, float* C, int ldc) {
+// The same product with A and B rounded to bf16 (packed copies in the stream's workspace; a bf16 activation is taken
+// as it is) and fp32 accumulation into the fp32 C: the linear layers' matmuls of a bf16 run, on tensor cores.
+void gemm_bf16(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, ConstAct A, int lda, ConstAct B,
+               int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // no operands: C = beta · C, which only beta = 0 (C = 0) or 1 (nothing) ask for
     if (beta == 0.f)
@@ -45,11 +46,18 @@ void gemm_bf16(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int
   const size_t a_elems = size_t(a_rows) * a_cols, b_elems = size_t(b_rows) * b_cols;
   auto* a16 = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (a_elems + b_elems + 64)));
   uint16_t* b16 = a16 + (a_elems + 63) / 64 * 64;  // 128-byte aligned
-  cuda::to_bf16(a16, A, a_rows, a_cols, lda, stream.stream());
-  cuda::to_bf16(b16, B, b_rows, b_cols, ldb, stream.stream());
+  int a_ld = a_cols, b_ld = b_cols;
+  if (A.bf16)
+    a16 = const_cast<uint16_t*>(A.bits()), a_ld = lda;
+  else
+    cuda::to_bf16(a16, A.f32(), a_rows, a_cols, lda, stream.stream());
+  if (B.bf16)
+    b16 = const_cast<uint16_t*>(B.bits()), b_ld = ldb;
+  else
+    cuda::to_bf16(b16, B.f32(), b_rows, b_cols, ldb, stream.stream());
   const float alpha = 1.f;
-  CUBLAS_CHECK(cublasGemmEx(stream.blas(), op(trans_b), op(trans_a), N, M, K, &alpha, b16, CUDA_R_16BF, b_cols, a16,
-                            CUDA_R_16BF, a_cols, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(stream.blas(), op(trans_b), op(trans_a), N, M, K, &alpha, b16, CUDA_R_16BF, b_ld, a16,
+                            CUDA_R_16BF, a_ld, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // The same for `batch` independent products whose operands are `stride_*` floats apart.
@@ -227,25 +235,25 @@ CudaKernels::Target CudaKernels::target() {
   return {*fallback_, std::move(lock)};
 }
 
-void CudaKernels::linear_gemm(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, const float* A,
-                              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  if (matmul_ == Precision::Bf16)
-    gemm_bf16(stream, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
-  else
-    gemm(stream.blas(), trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+void CudaKernels::linear_gemm(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, ConstAct A,
+                              int lda, ConstAct B, int ldb, float beta, float* C, int ldc) {
+  if (matmul_ == Precision::Bf16) return gemm_bf16(stream, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  PIPER_CHECK(!A.bf16 && !B.bf16, "a bf16 activation in an fp32 matmul");
+  gemm(stream.blas(), trans_a, trans_b, M, N, K, 1.f, A.f32(), lda, B.f32(), ldb, beta, C, ldc);
 }
 
-void CudaKernels::linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) {
+void CudaKernels::linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) {
   Target t = target();
   if (b) cuda::bias_fill(y, b, N, OC, t.stream.stream());  // y(N,OC) = b
   linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, b ? 1.f : 0.f, y, OC);  // y += x · w^T
 }
 
-void CudaKernels::linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N,
+void CudaKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N,
                                       int C, int OC) {
   Target t = target();
-  linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, 0.f, y, OC);  // y(N,OC) = x · w^T
-  cuda::bias_gelu(dgelu, y, b, N, OC, t.stream.stream());                     // y = gelu(y + b), dgelu = gelu'
+  float* pre = y.bf16 ? dgelu : y.f32();                                      // (N,OC), fp32
+  linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, 0.f, pre, OC);     // pre = x · w^T
+  cuda::bias_gelu(dgelu, y, pre, b, N, OC, t.stream.stream());                // y = gelu(pre + b), dgelu = gelu'
 }
 
 void CudaKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
@@ -255,7 +263,7 @@ void CudaKernels::linear_backward_input(float* dx, const float* dy, const float*
   linear_gemm(t.stream, false, false, N, C, OC, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C);
 }
 
-void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
                                          bool accumulate) {
   Target t = target();
   // dw(OC,C) (+)= dy(N,OC)^T · x(N,C)
@@ -315,7 +323,7 @@ void CudaKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu
   cuda::gelu_backward(dpre, dy, dgelu, n, t.stream.stream());
 }
 
-void CudaKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+void CudaKernels::layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w,
                                     const float* b, int N, int C) {
   Target t = target();
   cuda::layernorm_forward(y, mean, rstd, x, w, b, N, C, t.stream.stream());
@@ -403,7 +411,7 @@ void CudaKernels::embedding_backward(float* dwte, float* dwpe, const float* dx, 
   cuda::embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe, sort, t.stream.stream());
 }
 
-void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+void CudaKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
   Target t = target();
   cuda::rmsnorm_forward(y, rstd, x, w, N, C, eps, t.stream.stream());
 }
@@ -481,7 +489,7 @@ void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const 
   cuda::gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
 }
 
-void CudaKernels::swiglu_forward(float* a, const float* g, const float* u, size_t n) {
+void CudaKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
   Target t = target();
   cuda::swiglu_forward(a, g, u, n, t.stream.stream());
 }

@@ -28,18 +28,18 @@ class CudaKernels final : public Kernels {
            "attention: wmma bf16 kernels with fp32 accumulators";
   }
 
-  void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int C, int OC) override;
-  void linear_gelu_forward(float* dgelu, float* y, const float* x, const float* w, const float* b, int N, int C,
+  void linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) override;
+  void linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
                            int OC) override;
   void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
                              bool accumulate) override;
-  void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int N, int C, int OC,
+  void linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
                               bool accumulate) override;
   void linear_forward_grouped(const LinearGroup* groups, int count) override;
   void linear_backward_input_grouped(const LinearGroup* groups, int count) override;
   void linear_backward_weight_grouped(const LinearGroup* groups, int count) override;
   void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) override;
-  void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+  void layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override;
   void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                                 const float* w, int N, int C, bool accumulate) override;
@@ -53,7 +53,7 @@ class CudaKernels final : public Kernels {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                           bool accumulate_wte, bool accumulate_wpe) override;
-  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps) override;
+  void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) override;
   void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
                               int C, bool accumulate) override;
   void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
@@ -65,7 +65,7 @@ class CudaKernels final : public Kernels {
                               const float* v, const float* y, const float* lse, float* scratch, int B, int T, int H,
                               int KV, int D) override;
   size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override;
-  void swiglu_forward(float* a, const float* g, const float* u, size_t n) override;
+  void swiglu_forward(Act a, const float* g, const float* u, size_t n) override;
   void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) override;
   void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) override;
   void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
@@ -110,9 +110,10 @@ class CudaKernels final : public Kernels {
   void host_free(void* p) override;
 
  private:
-  // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a linear layer, in the matmul precision.
-  void linear_gemm(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
-                   const float* B, int ldb, float beta, float* C, int ldc);
+  // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a linear layer, in the matmul precision (bf16 operands only in
+  // bf16).
+  void linear_gemm(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int K, ConstAct A, int lda,
+                   ConstAct B, int ldb, float beta, float* C, int ldc);
 
   Precision matmul_ = Precision::Fp32;
   CudaStream* fallback_;

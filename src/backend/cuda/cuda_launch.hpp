@@ -13,8 +13,9 @@ namespace piper::cuda {
 // ---- linear_kernels.cu ----
 // y(N,OC) = b broadcast over rows
 void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s);
-// p = y(N,OC) + b (b may be null); y = gelu_tanh(p); dgelu(N,OC) = gelu_tanh'(p)
-void bias_gelu(float* dgelu, float* y, const float* b, int N, int OC, cudaStream_t s);
+// p = pre(N,OC) + b (b may be null); y = gelu_tanh(p) at y's width; dgelu(N,OC) = gelu_tanh'(p). pre may be y's
+// fp32 values or dgelu (read before they are written).
+void bias_gelu(float* dgelu, Act y, const float* pre, const float* b, int N, int OC, cudaStream_t s);
 // dpre(n) = dy(n) * dgelu(n); dpre may alias dy
 void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s);
 // dst(rows,cols) packed bf16 (as uint16 bits) = src(rows,cols) with leading dimension ld, rounded to nearest even
@@ -36,7 +37,7 @@ void column_sums(float* sum, const float* x, int N, int C, bool accumulate, floa
 void column_finish(float* out, const float* partial, int chunks, int C, bool accumulate, cudaStream_t s);
 
 // ---- norm_kernels.cu ----
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+void layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                        int C, cudaStream_t s);
 void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                               const float* w, int N, int C, bool accumulate, cudaStream_t s);
@@ -55,7 +56,7 @@ void causal_softmax_backward(float* dp, const float* p, int64_t rows, int T, cud
 
 // ---- rmsnorm_rope_swiglu_kernels.cu ----
 // y(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(mean x² + eps); one block per row
-void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s);
+void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s);
 // dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C); one block per row
 void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
                             int C, bool accumulate, cudaStream_t s);
@@ -67,7 +68,7 @@ void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const f
 inline size_t rope_table_floats(int T, int D) { return 2 * size_t(T > 0 ? T : 0) * size_t(D > 1 ? D / 2 : 0); }
 void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float* table, cudaStream_t s);
 // a(n) = silu(g) * u
-void swiglu_forward(float* a, const float* g, const float* u, size_t n, cudaStream_t s);
+void swiglu_forward(Act a, const float* g, const float* u, size_t n, cudaStream_t s);
 // dg(n) = da * u * silu'(g), du(n) = da * silu(g)
 void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n,
                      cudaStream_t s);

@@ -1,10 +1,11 @@
 // Device helpers shared by the CUDA kernel files: warp and block reductions in a fixed order (results do
-// not depend on timing), launch sizing, and the GELU-tanh used by forward and backward.
+// not depend on timing), launch sizing, the GELU-tanh used by forward and backward, and bf16 rounding and stores.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 namespace piper::cuda {
 
@@ -77,5 +78,16 @@ inline unsigned grid_for(size_t n, int threads) {
 
 // Rows per grid for kernels that loop rows over gridDim.y (its limit is 65535).
 inline unsigned grid_rows(int rows) { return unsigned(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)); }
+
+// The rounding of util/precision.hpp's bf16_bits: nearest, ties to even; NaN kept quiet.
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// out[i] = v at out's width (kernels.hpp's Act): fp32 as it is, bf16 rounded by bf16_bits.
+__device__ __forceinline__ void store_value(float* out, int64_t i, float v) { out[i] = v; }
+__device__ __forceinline__ void store_value(uint16_t* out, int64_t i, float v) { out[i] = bf16_bits(v); }
 
 }  // namespace piper::cuda

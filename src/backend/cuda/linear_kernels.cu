@@ -19,29 +19,23 @@ __global__ void bias_fill_kernel(float* y, const float* b, int N, int OC) {
   for (int r = blockIdx.y; r < N; r += gridDim.y) y[int64_t(r) * OC + c] = bc;
 }
 
-// p = y(N,OC) + b; y = gelu_tanh(p); dgelu(N,OC) = gelu_tanh'(p)
-__global__ void bias_gelu_kernel(float* dgelu, float* y, const float* b, int N, int OC) {
+// p = pre(N,OC) + b; y = gelu_tanh(p) at y's width; dgelu(N,OC) = gelu_tanh'(p). pre may be y (fp32) or dgelu.
+template <typename Out>
+__global__ void bias_gelu_kernel(float* dgelu, Out* y, const float* pre, const float* b, int N, int OC) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= OC) return;
   const float bc = b ? b[c] : 0.f;
   for (int r = blockIdx.y; r < N; r += gridDim.y) {
     const int64_t i = int64_t(r) * OC + c;
-    const float p = y[i] + bc;
+    const float p = pre[i] + bc;  // read before either write, same thread
     dgelu[i] = gelu_tanh_grad(p);
-    y[i] = gelu_tanh(p);
+    store_value(y, i, gelu_tanh(p));
   }
 }
 
 __global__ void gelu_backward_kernel(float* dpre, const float* dy, const float* dgelu, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     dpre[i] = dy[i] * dgelu[i];  // dpre may alias dy: read before write, same thread
-}
-
-// The rounding of util/precision.hpp's bf16_bits: nearest, ties to even; NaN kept quiet.
-__device__ __forceinline__ uint16_t bf16_bits(float x) {
-  const uint32_t u = __float_as_uint(x);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
 }
 
 // dst(rows,cols) = bf16 bits of src(rows,cols) (leading dimension ld): columns over x, rows grid-strided over y.
@@ -97,10 +91,13 @@ void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-void bias_gelu(float* dgelu, float* y, const float* b, int N, int OC, cudaStream_t s) {
+void bias_gelu(float* dgelu, Act y, const float* pre, const float* b, int N, int OC, cudaStream_t s) {
   if (N <= 0 || OC <= 0) return;
   dim3 grid((OC + 255) / 256, grid_rows(N));
-  bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu, y, b, N, OC);
+  if (y.bf16)
+    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu, y.bits(), pre, b, N, OC);
+  else
+    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu, y.f32(), pre, b, N, OC);
   CUDA_CHECK_LAUNCH();
 }
 

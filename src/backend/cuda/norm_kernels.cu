@@ -12,13 +12,14 @@ constexpr float kLayerNormEps = 1e-5f;
 constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 8;
 
-// One block per row: y(N,C) = (x - mean) * rstd * w + b; mean(N), rstd(N).
-__global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, const float* x, const float* w,
+// One block per row: y(N,C) = (x - mean) * rstd * w + b at y's width; mean(N), rstd(N).
+template <typename Out>
+__global__ void layernorm_forward_kernel(Out* y, float* mean, float* rstd, const float* x, const float* w,
                                          const float* b, int C) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * C;
-  float* yr = y + row * C;
+  Out* yr = y + row * C;
   float s = 0.f;
   for (int i = threadIdx.x; i < C; i += blockDim.x) s += xr[i];
   const float m = block_sum(s, shared) / C;
@@ -28,7 +29,7 @@ __global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, con
     v += d * d;
   }
   const float rs = 1.0f / sqrtf(block_sum(v, shared) / C + kLayerNormEps);
-  for (int i = threadIdx.x; i < C; i += blockDim.x) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+  for (int i = threadIdx.x; i < C; i += blockDim.x) store_value(yr, i, (xr[i] - m) * rs * w[i] + b[i]);
   if (threadIdx.x == 0) {
     mean[row] = m;
     rstd[row] = rs;
@@ -107,10 +108,13 @@ __global__ void fill_kernel(float* y, float value, size_t n) {
 
 }  // namespace
 
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
-                       int C, cudaStream_t s) {
+void layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N, int C,
+                       cudaStream_t s) {
   if (N <= 0) return;
-  layernorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y, mean, rstd, x, w, b, C);
+  if (y.bf16)
+    layernorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y.bits(), mean, rstd, x, w, b, C);
+  else
+    layernorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y.f32(), mean, rstd, x, w, b, C);
   CUDA_CHECK_LAUNCH();
 }
 

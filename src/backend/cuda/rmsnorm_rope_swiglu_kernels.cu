@@ -13,16 +13,17 @@ namespace {
 constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 8;
 
-// One block per row: y(N,C) = x * rstd * w; rstd(N) = 1 / sqrt(mean x² + eps).
-__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w, int C, float eps) {
+// One block per row: y(N,C) = x * rstd * w at y's width; rstd(N) = 1 / sqrt(mean x² + eps).
+template <typename Out>
+__global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const float* x, const float* w, int C, float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * C;  // (C)
-  float* yr = y + row * C;        // (C)
+  Out* yr = y + row * C;          // (C)
   float ss = 0.f;
   for (int i = threadIdx.x; i < C; i += blockDim.x) ss += xr[i] * xr[i];
   const float rs = 1.0f / sqrtf(block_sum(ss, shared) / C + eps);
-  for (int i = threadIdx.x; i < C; i += blockDim.x) yr[i] = xr[i] * rs * w[i];
+  for (int i = threadIdx.x; i < C; i += blockDim.x) store_value(yr, i, xr[i] * rs * w[i]);
   if (threadIdx.x == 0) rstd[row] = rs;
 }
 
@@ -101,11 +102,13 @@ __global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, si
   }
 }
 
-__global__ void swiglu_forward_kernel(float* a, const float* g, const float* u, size_t n) {
+// a(n) = silu(g) · u at a's width.
+template <typename Out>
+__global__ void swiglu_forward_kernel(Out* a, const float* g, const float* u, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float x = g[i];
     const float sig = 1.0f / (1.0f + expf(-x));
-    a[i] = x * sig * u[i];
+    store_value(a, int64_t(i), x * sig * u[i]);
   }
 }
 
@@ -122,9 +125,12 @@ __global__ void swiglu_backward_kernel(float* dg, float* du, const float* da, co
 
 }  // namespace
 
-void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s) {
+void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s) {
   if (N <= 0) return;
-  rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y, rstd, x, w, C, eps);
+  if (y.bf16)
+    rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y.bits(), rstd, x, w, C, eps);
+  else
+    rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y.f32(), rstd, x, w, C, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -159,9 +165,12 @@ void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float
   CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_forward(float* a, const float* g, const float* u, size_t n, cudaStream_t s) {
+void swiglu_forward(Act a, const float* g, const float* u, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a, g, u, n);
+  if (a.bf16)
+    swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a.bits(), g, u, n);
+  else
+    swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a.f32(), g, u, n);
   CUDA_CHECK_LAUNCH();
 }
 

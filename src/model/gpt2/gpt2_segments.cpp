@@ -21,9 +21,10 @@ const size_t f = sizeof(float), i32 = sizeof(int32_t);  // token and target ids 
 // NH heads, A = H·(C/NH) columns of each of q, k and v (and of the attention output), F hidden units.
 struct Shape {
   int b, T, n, C, H, A, F;
+  bool bf16;  // the activations only matmuls read are bf16 (ModelDims::bf16_matmul_inputs)
   Shape(const ModelDims& d, int samples, int shards)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), H(d.n_heads / shards),
-        A(d.d_model / shards), F(d.d_ff / shards) {}
+        A(d.d_model / shards), F(d.d_ff / shards), bf16(d.bf16_matmul_inputs) {}
 };
 
 // The embedding and the tied LM head use their rows of wte (V,C), held whole by every rank (model/vocab_shard.hpp).
@@ -80,14 +81,15 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
 // Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
 // keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
 struct AttentionStash {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
+  float *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
+  Act ln1;  // read by matmuls alone
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
     ln1_mean = c.keep_exact(s.n);                      // (n)
     ln1_rstd = c.keep_exact(s.n);                      // (n)
     qkv = c.keep<float>(int64_t(s.n) * 3 * s.A);    // (n,3A): this rank's q, k, v
-    c.tail(ln1, int64_t(s.n) * s.C);                // (n,C)
+    c.tail_act(ln1, int64_t(s.n) * s.C, s.bf16);    // (n,C)
     c.tail(att, int64_t(s.b) * s.H * s.T * s.T);    // (b,H,T,T)
     c.tail(atty, int64_t(s.n) * s.A);               // (n,A)
     c.finish();
@@ -200,15 +202,16 @@ std::string attention_tp_refusal(const ModelDims& d, int k) {
 // Forward → backward: ln2's statistics and output, the GELU's output and derivative. Selective recompute keeps the
 // statistics and the GELU's output and derivative (made from a product) and recomputes the normed input.
 struct MlpStash {
-  float *ln2, *ln2_mean, *ln2_rstd, *fc_dgelu, *fc_gelu;
+  float *ln2_mean, *ln2_rstd, *fc_dgelu;
+  Act ln2, fc_gelu;  // read by matmuls alone
   size_t bytes, kept_bytes;
   MlpStash(StashParts p, const Shape& s) {
     StashCarver c(p);
     ln2_mean = c.keep_exact(s.n);                      // (n)
     ln2_rstd = c.keep_exact(s.n);                      // (n)
     fc_dgelu = c.keep<float>(int64_t(s.n) * s.F);   // gelu'(fc pre-activation) (n,F), for the backward
-    fc_gelu = c.keep<float>(int64_t(s.n) * s.F);    // (n,F)
-    c.tail(ln2, int64_t(s.n) * s.C);                // (n,C)
+    fc_gelu = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // (n,F)
+    c.tail_act(ln2, int64_t(s.n) * s.C, s.bf16);       // (n,C)
     c.finish();
     bytes = c.bytes();
     kept_bytes = c.kept_bytes;

@@ -19,13 +19,14 @@ struct Shape {
   int b, T, n, C, H, KV, D, QD, KD, F, V;
   float eps, theta;
   bool qk_norm;
+  bool bf16;  // the activations only matmuls read are bf16 (ModelDims::bf16_matmul_inputs)
   // With k_proj and v_proj copied (fewer key/value heads than ranks): the rank reads heads [kv0, kv0 + KV) of the
   // kv_whole heads they hold. kv_whole = 0: it holds its own piece of them.
   int kv0 = 0, kv_whole = 0;
   Shape(const ModelDims& d, int samples)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), H(d.n_heads), KV(d.n_kv_heads),
         D(d.head_dim), QD(d.n_heads * d.head_dim), KD(d.n_kv_heads * d.head_dim), F(d.d_ff), V(d.vocab),
-        eps(float(d.norm_eps)), theta(float(d.rope_theta)), qk_norm(d.qk_norm) {}
+        eps(float(d.norm_eps)), theta(float(d.rope_theta)), qk_norm(d.qk_norm), bf16(d.bf16_matmul_inputs) {}
   // Rank `shard` of a tensor-parallel group of `shards` (tp_refusal says they divide): H/k query heads, F/k hidden
   // units, and KV/k key/value heads or, when KV < k, the one head its query heads all read.
   Shape(const ModelDims& d, int samples, int shards, int shard) : Shape(d, samples) {
@@ -75,7 +76,8 @@ ParamSplit embed_tp_split(const ModelDims& d, int, int k) {
 // RoPE, v, the attention output and the log-sum-exp of each query row. Selective recompute keeps the products
 // (projections, attention output) and recomputes the normed input and, with qk_norm, q and k from q_pre, k_pre.
 struct AttentionStash {
-  float *h, *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *q, *k, *v, *y, *lse;
+  float *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *q, *k, *v, *y, *lse;
+  Act h;  // read by matmuls alone
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
@@ -87,7 +89,7 @@ struct AttentionStash {
     v = c.keep<float>(int64_t(s.n) * s.KD);                             // (b,T,KV,D)
     y = c.keep<float>(int64_t(s.n) * s.QD);                             // (b,T,H,D)
     lse = c.keep_exact(int64_t(s.b) * s.H * s.T);                       // (b,H,T)
-    c.tail(h, int64_t(s.n) * s.C);                                      // (n,C)
+    c.tail_act(h, int64_t(s.n) * s.C, s.bf16);                          // (n,C)
     if (s.qk_norm) {  // norm and RoPE of the kept projections
       c.tail(q, int64_t(s.n) * s.QD);                                   // (b,T,H,D)
       c.tail(k, int64_t(s.n) * s.KD);                                   // (b,T,KV,D)
@@ -123,7 +125,7 @@ const float* kv_rows(const float* w, const Shape& s) { return w + int64_t(s.kv0)
 
 // The gradient of k_proj or v_proj from dy(n,KD): its piece, or within a copy the rows of this rank's head, the
 // others zero when overwriting (the ranks sharing a head add up in the sum over the group).
-void kv_backward_weight(Kernels& k, float* g, const float* dy, const float* h, const Shape& s, bool accumulate) {
+void kv_backward_weight(Kernels& k, float* g, const float* dy, ConstAct h, const Shape& s, bool accumulate) {
   const int64_t head = int64_t(s.D) * s.C;  // one head's rows
   if (s.kv_whole > 0 && !accumulate) {
     k.fill(g, 0.f, size_t(s.kv0 * head));
@@ -263,15 +265,16 @@ std::string attention_tp_refusal(const ModelDims& d, int k) {
 // ---------------------------------------------------------------- MLP half: x + down(silu(gate h) · up h)
 // Selective recompute keeps the projections and recomputes the normed input and silu(g)·u.
 struct MlpStash {
-  float *h, *rstd, *g, *u, *a;
+  float *rstd, *g, *u;
+  Act h, a;  // read by matmuls alone
   size_t bytes, kept_bytes;
   MlpStash(StashParts p, const Shape& s) {
     StashCarver c(p);
     rstd = c.keep_exact(s.n);               // (n)
     g = c.keep<float>(int64_t(s.n) * s.F);  // gate projection (n,F)
     u = c.keep<float>(int64_t(s.n) * s.F);  // up projection (n,F)
-    c.tail(h, int64_t(s.n) * s.C);          // normed input (n,C)
-    c.tail(a, int64_t(s.n) * s.F);          // silu(g)·u (n,F)
+    c.tail_act(h, int64_t(s.n) * s.C, s.bf16);  // normed input (n,C)
+    c.tail_act(a, int64_t(s.n) * s.F, s.bf16);  // silu(g)·u (n,F)
     c.finish();
     bytes = c.bytes();
     kept_bytes = c.kept_bytes;

@@ -1,0 +1,237 @@
+// Kernel cases of the bf16 activations a bf16 run holds where only matmuls read them (kernels.hpp's Act): the norms,
+// SwiGLU and the fused GELU write them rounded, the linear calls read them; each against the fp32 call rounded after
+// (a twin, to the bit) and against the double reference rounded to bf16.
+#include <cmath>
+
+#include "kernel_cases.hpp"
+#include "qwen3_reference.hpp"
+#include "test_util.hpp"
+#include "util/precision.hpp"
+
+namespace piper::test {
+
+namespace {
+
+// Against a reference rounded to bf16: a kernel's fp32 value near a tie may round to the other neighbour, one bf16
+// step (2^-7 of the value at most) away.
+constexpr double kBf16Step = 8e-3;
+
+HostTensor rounded_f32(const std::vector<double>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = round_bf16(float(v[i]));
+  return f32(r);
+}
+
+// `call` writes a bf16 activation of n values (in scratch), which is then widened into the fp32 tensor `out`.
+std::function<void(Kernels&, Buffers&)> into_bf16(const std::string& out, size_t n,
+                                                  std::function<void(Kernels&, Buffers&, Act)> call) {
+  return [=](Kernels& k, Buffers& b) {
+    auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+    call(k, b, Act(held, true));
+    k.from_bf16(b.f(out), held, n);
+  };
+}
+
+// The fp32 tensor `in` (n values) as a bf16 activation, rounded into scratch.
+ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n) {
+  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+  k.to_bf16(held, b.f(in), n);
+  return ConstAct(held, true);
+}
+
+// The twin of a call that writes `out` in bf16: the fp32 call, then `out` rounded in place (to bf16 and back).
+Twin fp32_then_rounded(const std::string& out, size_t n, std::function<void(Kernels&, Buffers&)> fp32_call) {
+  return {.what = "the fp32 call, then rounded",
+          .call =
+              [=](Kernels& k, Buffers& b) {
+                fp32_call(k, b);
+                auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+                k.to_bf16(held, b.f(out), n);
+                k.from_bf16(b.f(out), held, n);
+              },
+          .rtol = 0};
+}
+
+void norm_cases(std::vector<KernelCase>& cases) {
+  for (auto [N, C] : {std::pair{37, 48}, std::pair{300, 256}}) {
+    const std::string shape = dims({{"N", N}, {"C", C}});
+    const size_t n = size_t(N) * C;
+    auto start = [=](std::mt19937& gen) {
+      Tensors t;
+      t["x"] = f32(uniform(gen, n, -2.f, 2.f));
+      t["w"] = f32(uniform(gen, size_t(C), 0.5f, 1.5f));
+      t["b"] = f32(uniform(gen, size_t(C)));
+      t["y"] = f32(filled(n, 3.f));
+      t["mean"] = f32(filled(size_t(N), 3.f));
+      t["rstd"] = f32(filled(size_t(N), 3.f));
+      return t;
+    };
+    cases.push_back(
+        {.name = "layernorm_forward into bf16 " + shape,
+         .make = start,
+         .call = into_bf16("y", n,
+                           [=](Kernels& k, Buffers& b, Act y) {
+                             k.layernorm_forward(y, b.f("mean"), b.f("rstd"), b.f("x"), b.f("w"), b.f("b"), N, C);
+                           }),
+         .outs = {{"y", kBf16Step, kBf16Step, 0, 1}, {"mean", 1e-5, 1e-5, 0, 1}, {"rstd", 1e-5, 1e-5}},
+         .reference =
+             [=](Tensors& t) {
+               std::vector<double> mean, rstd;
+               t["y"] = rounded_f32(layernorm_ref(t["x"].f, t["w"].f, t["b"].f, N, C, &mean, &rstd));
+               t["mean"] = as_f32(mean);
+               t["rstd"] = as_f32(rstd);
+             },
+         .cuda_repeatable = true,
+         .twins = {fp32_then_rounded("y", n, [=](Kernels& k, Buffers& b) {
+           k.layernorm_forward(b.f("y"), b.f("mean"), b.f("rstd"), b.f("x"), b.f("w"), b.f("b"), N, C);
+         })}});
+    const float eps = 1e-6f;
+    cases.push_back(
+        {.name = "rmsnorm_forward into bf16 " + shape,
+         .make = start,
+         .call = into_bf16("y", n,
+                           [=](Kernels& k, Buffers& b, Act y) {
+                             k.rmsnorm_forward(y, b.f("rstd"), b.f("x"), b.f("w"), N, C, eps);
+                           }),
+         .outs = {{"y", kBf16Step, kBf16Step, 0, 1}, {"rstd", 1e-5, 1e-5}},
+         .reference =
+             [=](Tensors& t) {
+               t["y"] = rounded_f32(rmsnorm_ref(t["x"].f, t["w"].f, N, C, eps));
+               std::vector<double> rstd(static_cast<size_t>(N));
+               for (int r = 0; r < N; ++r) {
+                 double ss = 0;
+                 for (int c = 0; c < C; ++c) ss += double(t["x"].f[size_t(r) * C + c]) * t["x"].f[size_t(r) * C + c];
+                 rstd[size_t(r)] = 1.0 / std::sqrt(ss / C + eps);
+               }
+               t["rstd"] = as_f32(rstd);
+             },
+         .cuda_repeatable = true,
+         .twins = {fp32_then_rounded("y", n, [=](Kernels& k, Buffers& b) {
+           k.rmsnorm_forward(b.f("y"), b.f("rstd"), b.f("x"), b.f("w"), N, C, eps);
+         })}});
+  }
+}
+
+void swiglu_cases(std::vector<KernelCase>& cases) {
+  for (size_t n : {size_t(5), size_t(70001)}) {
+    cases.push_back({.name = "swiglu_forward into bf16 " + dims({{"n", long(n)}}),
+                     .make =
+                         [=](std::mt19937& gen) {
+                           Tensors t;
+                           t["g"] = f32(uniform(gen, n, -4.f, 4.f));
+                           t["u"] = f32(uniform(gen, n, -2.f, 2.f));
+                           t["a"] = f32(filled(n, 3.f));
+                           return t;
+                         },
+                     .call = into_bf16("a", n,
+                                       [=](Kernels& k, Buffers& b, Act a) {
+                                         k.swiglu_forward(a, b.f("g"), b.f("u"), n);
+                                       }),
+                     .outs = {{"a", kBf16Step, kBf16Step, 0, 1}},
+                     .reference =
+                         [=](Tensors& t) {
+                           std::vector<double> a(n);
+                           for (size_t i = 0; i < n; ++i) {
+                             const double g = t["g"].f[i];
+                             a[i] = g / (1.0 + std::exp(-g)) * t["u"].f[i];
+                           }
+                           t["a"] = rounded_f32(a);
+                         },
+                     .cuda_repeatable = true,
+                     .twins = {fp32_then_rounded("a", n, [=](Kernels& k, Buffers& b) {
+                       k.swiglu_forward(b.f("a"), b.f("g"), b.f("u"), n);
+                     })}});
+  }
+}
+
+// The linear calls of a bf16 run on bf16 activations: the same bits as on the fp32 values they round.
+void linear_cases(std::vector<KernelCase>& cases) {
+  for (auto [N, C, OC] : {std::tuple{37, 48, 70}, std::tuple{256, 128, 96}}) {
+    const std::string shape = dims({{"N", N}, {"C", C}, {"OC", OC}});
+    const size_t nx = size_t(N) * C, ny = size_t(N) * OC;
+    auto start = [=](std::mt19937& gen) {
+      Tensors t;
+      t["x"] = f32(uniform(gen, nx));
+      t["w"] = f32(uniform(gen, size_t(OC) * C));
+      t["b"] = f32(uniform(gen, size_t(OC)));
+      t["dy"] = f32(uniform(gen, ny));
+      t["y"] = f32(filled(ny, 123.f));
+      t["dgelu"] = f32(filled(ny, 123.f));
+      t["dw"] = f32(uniform(gen, size_t(OC) * C));  // the prior of an accumulating backward
+      return t;
+    };
+    auto forward = [=](const Tensors& t) {  // x · wᵀ + b of the rounded operands
+      auto y = product(rounded(t.at("x").f), rounded(t.at("w").f), N, C, OC, false);
+      for (int r = 0; r < N; ++r)
+        for (int o = 0; o < OC; ++o) y[size_t(r) * OC + o] += t.at("b").f[size_t(o)];
+      return y;
+    };
+    cases.push_back({.name = "bf16 linear_forward from bf16 " + shape,
+                     .make = start,
+                     .call = in_bf16([=](Kernels& k, Buffers& b) {
+                       k.linear_forward(b.f("y"), as_bf16(k, b, "x", nx), b.f("w"), b.f("b"), N, C, OC);
+                     }),
+                     .outs = {{"y", 1e-4, 1e-4, 0, 1}},
+                     .reference = [=](Tensors& t) { t["y"] = as_f32(forward(t)); },
+                     .threads_rtol = 1e-4,
+                     .twins = {{.what = "on the fp32 values",
+                                .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                  k.linear_forward(b.f("y"), b.f("x"), b.f("w"), b.f("b"), N, C, OC);
+                                }),
+                                .rtol = 0}}});
+    cases.push_back(
+        {.name = "bf16 linear_gelu_forward from and into bf16 " + shape,
+         .make = start,
+         .call = in_bf16(into_bf16("y", ny,
+                                   [=](Kernels& k, Buffers& b, Act y) {
+                                     k.linear_gelu_forward(b.f("dgelu"), y, as_bf16(k, b, "x", nx), b.f("w"), b.f("b"),
+                                                           N, C, OC);
+                                   })),
+         .outs = {{"y", kBf16Step, kBf16Step, 0, 1}, {"dgelu", 1e-4, 1e-4, 0, 1}},
+         .reference =
+             [=](Tensors& t) {
+               auto pre = forward(t);
+               std::vector<double> y(pre.size()), dg(pre.size());
+               for (size_t i = 0; i < pre.size(); ++i) y[i] = gelu_ref(pre[i]), dg[i] = gelu_grad_ref(pre[i]);
+               t["y"] = rounded_f32(y);
+               t["dgelu"] = as_f32(dg);
+             },
+         .threads_rtol = 1e-4,
+         .twins = {fp32_then_rounded("y", ny, in_bf16([=](Kernels& k, Buffers& b) {
+           k.linear_gelu_forward(b.f("dgelu"), b.f("y"), b.f("x"), b.f("w"), b.f("b"), N, C, OC);
+         }))}});
+    for (bool acc : {false, true}) {
+      cases.push_back({.name = std::string("bf16 linear_backward_weight from bf16 ") + (acc ? "accumulate " : "") + shape,
+                       .make = start,
+                       .call = in_bf16([=](Kernels& k, Buffers& b) {
+                         k.linear_backward_weight(b.f("dw"), nullptr, b.f("dy"), as_bf16(k, b, "x", nx), N, C, OC,
+                                                  acc);
+                       }),
+                       .outs = {{"dw", 1e-4, 1e-4, 0, 1}},
+                       .reference =
+                           [=](Tensors& t) {
+                             std::vector<float> dyt(ny);  // dy transposed (OC,N)
+                             for (int r = 0; r < N; ++r)
+                               for (int o = 0; o < OC; ++o) dyt[size_t(o) * N + r] = t["dy"].f[size_t(r) * OC + o];
+                             t["dw"] = as_f32(add_prior(product(rounded(dyt), rounded(t["x"].f), OC, N, C, true),
+                                                        t["dw"].f, acc));
+                           },
+                       .threads_rtol = 1e-4,
+                       .twins = {{.what = "on the fp32 values",
+                                  .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                    k.linear_backward_weight(b.f("dw"), nullptr, b.f("dy"), b.f("x"), N, C, OC, acc);
+                                  }),
+                                  .rtol = 0}}});
+    }
+  }
+}
+
+}  // namespace
+
+void add_bf16_activation_cases(std::vector<KernelCase>& cases) {
+  norm_cases(cases);
+  swiglu_cases(cases);
+  linear_cases(cases);
+}
+
+}  // namespace piper::test
