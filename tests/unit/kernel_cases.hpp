@@ -28,6 +28,8 @@ std::vector<float> rounded(std::vector<float> v);  // each value rounded to bf16
 // a(n,in) · b (out,in)ᵀ, or with b_transposed b (in,out), in double: (n,out)
 std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int n, int in, int out,
                             bool b_transposed);
+// y(N,OC) = x(N,C) · w(OC,C)ᵀ + b(OC) of the tensors x, w, b, as given or (bf16) with x and w rounded, in double.
+std::vector<double> linear_forward_ref(const Tensors& t, int N, int C, int OC, bool bf16);
 
 // "N=70 C=96"
 std::string dims(std::initializer_list<std::pair<const char*, long>> d);

@@ -39,6 +39,14 @@ std::vector<double> product(const std::vector<float>& a, const std::vector<float
   return y;
 }
 
+std::vector<double> linear_forward_ref(const Tensors& t, int N, int C, int OC, bool bf16) {
+  auto y = product(bf16 ? rounded(t.at("x").f) : t.at("x").f, bf16 ? rounded(t.at("w").f) : t.at("w").f, N, C, OC,
+                   false);
+  for (int r = 0; r < N; ++r)
+    for (int o = 0; o < OC; ++o) y[size_t(r) * OC + o] += t.at("b").f[size_t(o)];
+  return y;
+}
+
 namespace {
 
 std::vector<float> transposed(const std::vector<float>& m, int rows, int cols) {
@@ -79,14 +87,7 @@ void bf16_linear_cases(std::vector<KernelCase>& cases) {
       t["dw"] = f32(uniform(gen, size_t(OC) * C));
       return t;
     };
-    // y = x · wᵀ + b over the operands as given (fp32) or rounded to bf16
-    auto forward = [=](const Tensors& t, bool bf16) {
-      auto y = product(bf16 ? rounded(t.at("x").f) : t.at("x").f, bf16 ? rounded(t.at("w").f) : t.at("w").f, N, C,
-                       OC, false);
-      for (int r = 0; r < N; ++r)
-        for (int o = 0; o < OC; ++o) y[size_t(r) * OC + o] += t.at("b").f[size_t(o)];
-      return y;
-    };
+    auto forward = [=](const Tensors& t, bool bf16) { return linear_forward_ref(t, N, C, OC, bf16); };
     cases.push_back({.name = "bf16 linear_forward " + shape,
                      .make = start,
                      .call = in_bf16([=](Kernels& k, Buffers& b) {

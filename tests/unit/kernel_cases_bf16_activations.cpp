@@ -160,12 +160,7 @@ void linear_cases(std::vector<KernelCase>& cases) {
       t["dw"] = f32(uniform(gen, size_t(OC) * C));  // the prior of an accumulating backward
       return t;
     };
-    auto forward = [=](const Tensors& t) {  // x · wᵀ + b of the rounded operands
-      auto y = product(rounded(t.at("x").f), rounded(t.at("w").f), N, C, OC, false);
-      for (int r = 0; r < N; ++r)
-        for (int o = 0; o < OC; ++o) y[size_t(r) * OC + o] += t.at("b").f[size_t(o)];
-      return y;
-    };
+    auto forward = [=](const Tensors& t) { return linear_forward_ref(t, N, C, OC, true); };
     cases.push_back({.name = "bf16 linear_forward from bf16 " + shape,
                      .make = start,
                      .call = in_bf16([=](Kernels& k, Buffers& b) {
