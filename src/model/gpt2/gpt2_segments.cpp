@@ -311,15 +311,16 @@ std::string mlp_tp_refusal(const ModelDims& d, int k) {
 // statistics into its part of the (shards,n,3) output (gathered). The loss segment (the next one, which shares this
 // stash) finishes the cross-entropy from every shard's statistics and writes dlogits in place, which the head's
 // backward reads. On one rank the shard is the whole vocabulary.
-// Stash: targets(n) int32 | lf(n,C) | mean(n) | rstd(n) | logits(n,Vl) (then probabilities, then dlogits)
+// Stash: targets(n) int32 | lf(n,C) (bf16 in a bf16 run) | mean(n) | rstd(n) | logits(n,Vl) (then probabilities, then dlogits)
 struct HeadStash {
   int32_t* targets;
-  float *lf, *mean, *rstd, *logits;
+  float *mean, *rstd, *logits;
+  Act lf;  // read by matmuls alone
   size_t bytes;
-  HeadStash(void* stash, int64_t n, int64_t C, const Vocab& v) {
+  HeadStash(void* stash, const ModelDims& d, int64_t n, const Vocab& v) {
     StashCarver c(StashParts{stash, nullptr});
-    targets = c.keep<int32_t>(n);          // (n)
-    lf = c.keep<float>(n * C);             // (n,C)
+    targets = c.keep<int32_t>(n);                                   // (n)
+    lf = c.keep_act(n * d.d_model, d.bf16_matmul_inputs);          // (n,C)
     mean = c.keep<float>(n);               // (n)
     rstd = c.keep<float>(n);               // (n)
     logits = c.keep<float>(n * v.Vl);      // (n,Vl)
@@ -333,7 +334,7 @@ SegmentSizes head_sizes(const Segment& seg, const ModelDims& d, int samples) {
   const Vocab v(d, std::max(1, seg.shards), 0);
   s.input_bytes = size_t(n * d.d_model) * f;
   s.out_bytes = size_t(v.shards) * size_t(n) * 3 * f;  // every shard's statistics (shards,n,3)
-  s.stash_bytes = HeadStash(nullptr, n, d.d_model, v).bytes;
+  s.stash_bytes = HeadStash(nullptr, d, n, v).bytes;
   s.wstash_bytes = size_t(n * d.d_model) * f;  // d(ln_f out)
   s.workspace_bytes = s.wstash_bytes;
   return s;
@@ -342,20 +343,20 @@ SegmentSizes head_sizes(const Segment& seg, const ModelDims& d, int samples) {
 void head_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const int n = io.samples * d.seq_len, C = d.d_model;
   const Vocab v(d, io.shards, io.shard);
-  HeadStash st(io.stash, n, C, v);
+  HeadStash st(io.stash, d, n, v);
   k.layernorm_forward(st.lf, st.mean, st.rstd, io.in, io.w[kLnfW], io.w[kLnfB], n, C);
   k.linear_forward(st.logits, st.lf, vocab_rows(io.w[kHeadWte], d, v, true), nullptr, n, C, v.Vl);       // (n,Vl)
   k.vocab_xent_stats(io.out + int64_t(io.shard) * n * 3, st.logits, st.targets, n, v.Vl, v.v0);  // (n,3)
 }
 
 const float* head_logits(const ModelDims& d, int samples, const void* stash) {
-  return HeadStash(const_cast<void*>(stash), int64_t(samples) * d.seq_len, d.d_model, Vocab(d, 1, 0)).logits;
+  return HeadStash(const_cast<void*>(stash), d, int64_t(samples) * d.seq_len, Vocab(d, 1, 0)).logits;
 }
 
 void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const int n = io.samples * d.seq_len, C = d.d_model;
   const Vocab v(d, io.shards, io.shard);
-  HeadStash st(io.stash, n, C, v);
+  HeadStash st(io.stash, d, n, v);
   // dlogits (n,Vl), written by the loss segment → d lf (n,C) → d input, partial over the shards
   k.linear_backward_input(io.wstash, st.logits, vocab_rows(io.w[kHeadWte], d, v, true), n, C, v.Vl, false);
   k.layernorm_backward_input(io.din, io.wstash, io.in, st.mean, st.rstd, io.w[kLnfW], n, C, false);
@@ -364,7 +365,7 @@ void head_backward_input(Kernels& k, const Segment&, const ModelDims& d, const S
 void head_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   const int n = io.samples * d.seq_len, C = d.d_model;
   const Vocab v(d, io.shards, io.shard);
-  HeadStash st(io.stash, n, C, v);
+  HeadStash st(io.stash, d, n, v);
   const bool acc = io.accumulate(kHeadWte);
   float* g = vocab_grad_rows(k, io.g[kHeadWte], d, v, acc, true);
   k.linear_backward_weight(g, nullptr, st.logits, st.lf, n, C, v.Vl, acc);
@@ -379,16 +380,16 @@ SegmentSizes loss_sizes(const Segment& seg, const ModelDims& d, int samples) {
 }
 
 void loss_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int n = io.samples * d.seq_len, C = d.d_model;
+  const int n = io.samples * d.seq_len;
   const Vocab v(d, io.shards, io.shard);
-  HeadStash st(io.link, n, C, v);
+  HeadStash st(io.link, d, n, v);
   k.vocab_xent_finish(st.logits, io.loss_sum, st.logits, io.in, st.targets, n, v.Vl, v.shards, io.loss_scale);
 }
 
 void loss_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
-  const int n = io.samples * d.seq_len, C = d.d_model;
+  const int n = io.samples * d.seq_len;
   const Vocab v(d, io.shards, io.shard);
-  HeadStash st(io.link, n, C, v);
+  HeadStash st(io.link, d, n, v);
   k.vocab_xent_backward(st.logits, st.logits, st.targets, n, v.Vl, v.v0, io.loss_scale);  // dlogits (n,Vl)
   k.fill(io.din, 0.f, size_t(v.shards) * n * 3);  // the statistics have no gradient the head reads
 }

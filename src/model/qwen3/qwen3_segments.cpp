@@ -376,14 +376,15 @@ std::string mlp_tp_refusal(const ModelDims& d, int k) {
 // The head writes the logits of its vocabulary shard and their cross-entropy statistics; the loss segment (the
 // next one, which shares its stash) finishes the cross-entropy from every shard's statistics and writes dlogits in
 // place, which the head's backward reads. On one rank the shard is the whole vocabulary.
-// Stash: targets(n) int32 | h(n,C) | rstd(n) | logits(n,Vl) (then probabilities, then dlogits)
+// Stash: targets(n) int32 | h(n,C) (bf16 in a bf16 run) | rstd(n) | logits(n,Vl) (then probabilities, then dlogits)
 struct HeadStash {
   int32_t* targets;
-  float *h, *rstd, *logits;
+  float *rstd, *logits;
+  Act h;  // read by matmuls alone
   HeadStash(void* stash, const Shape& s, const Vocab& v) {
     StashCarver c(StashParts{stash, nullptr});
     targets = c.keep<int32_t>(s.n);                  // (n)
-    h = c.keep<float>(int64_t(s.n) * s.C);           // (n,C)
+    h = c.keep_act(int64_t(s.n) * s.C, s.bf16);      // (n,C)
     rstd = c.keep<float>(s.n);                       // (n)
     logits = c.keep<float>(int64_t(s.n) * v.Vl);     // (n,Vl)
     bytes = c.bytes();
