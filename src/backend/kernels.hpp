@@ -76,11 +76,12 @@ class Kernels {
   // Fused: one pass after the matmul computes both from one tanh. x and y may be bf16 activations (dgelu is fp32).
   virtual void linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
                                    int OC) = 0;
-  // dx(N,C) (+)= dy(N,OC) · w(OC,C)
-  virtual void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+  // dx(N,C) (+)= dy(N,OC) · w(OC,C); dy may be a bf16 activation.
+  virtual void linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                                      bool accumulate) = 0;
-  // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null. x may be a bf16 activation.
-  virtual void linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
+  // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null. x may be a bf16 activation, and so may dy
+  // where db is null.
+  virtual void linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C, int OC,
                                       bool accumulate) = 0;
   // Many independent products in one call (the experts of a mixture of experts): the same as one
   // linear_forward / linear_backward_input / linear_backward_weight call per group, in list order. Groups that
@@ -171,8 +172,9 @@ class Kernels {
   virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
   // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded).
   virtual void swiglu_forward(Act a, const float* g, const float* u, size_t n) = 0;
-  // dg(n) = da * u * silu'(g), du(n) = da * silu(g); no aliasing between outputs and inputs
-  virtual void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) = 0;
+  // dg(n) = da * u * silu'(g), du(n) = da * silu(g); no aliasing between outputs and inputs. dg and du may be bf16
+  // activations (both or neither; computed in fp32, then rounded).
+  virtual void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) = 0;
   // x(N,C) = w[tok] (rows of w(V,C)). The one shard that holds every token of vocab_embedding_forward (v0 = 0,
   // Vl = INT_MAX, as V is not an argument): backends delegate, so the bits are that kernel's.
   virtual void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) = 0;

@@ -84,13 +84,13 @@ void ProfilingKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, cons
   timed("linear_gelu_forward", [&] { k_.linear_gelu_forward(dgelu, y, x, w, b, N, C, OC); }, matmul_flops(N, C, OC),
         s.c_str());
 }
-void ProfilingKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+void ProfilingKernels::linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                                              bool accumulate) {
   std::string s = shape_key("linear_backward_input", N, C, OC);
   timed("linear_backward_input", [&] { k_.linear_backward_input(dx, dy, w, N, C, OC, accumulate); },
         matmul_flops(N, C, OC), s.c_str());
 }
-void ProfilingKernels::linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C,
+void ProfilingKernels::linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C,
                                               int OC, bool accumulate) {
   std::string s = shape_key("linear_backward_weight", N, C, OC);
   timed("linear_backward_weight", [&] { k_.linear_backward_weight(dw, db, dy, x, N, C, OC, accumulate); },
@@ -171,7 +171,7 @@ void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, c
 void ProfilingKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
   timed("swiglu_forward", [&] { k_.swiglu_forward(a, g, u, n); });
 }
-void ProfilingKernels::swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u,
+void ProfilingKernels::swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u,
                                        size_t n) {
   timed("swiglu_backward", [&] { k_.swiglu_backward(dg, du, da, g, u, n); });
 }

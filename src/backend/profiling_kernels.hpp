@@ -42,9 +42,9 @@ class ProfilingKernels : public Kernels {
   void linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) override;
   void linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
                            int OC) override;
-  void linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+  void linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                              bool accumulate) override;
-  void linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
+  void linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C, int OC,
                               bool accumulate) override;
   void linear_forward_grouped(const LinearGroup* groups, int count) override;
   void linear_backward_input_grouped(const LinearGroup* groups, int count) override;
@@ -81,7 +81,7 @@ class ProfilingKernels : public Kernels {
     return k_.gqa_attention_scratch_floats(B, T, H, KV, D);
   }
   void swiglu_forward(Act a, const float* g, const float* u, size_t n) override;
-  void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) override;
+  void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) override;
   void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) override;
   void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
                                 bool accumulate) override;

@@ -1,6 +1,6 @@
 // Kernel cases of the bf16 activations a bf16 run holds where only matmuls read them (kernels.hpp's Act): the norms,
-// SwiGLU and the fused GELU write them rounded, the linear calls read them; each against the fp32 call rounded after
-// (a twin, to the bit) and against the double reference rounded to bf16.
+// SwiGLU (forward and backward) and the fused GELU write them rounded, the linear calls read them; each against the
+// fp32 call rounded after (a twin, to the bit) and against the double reference rounded to bf16.
 #include <cmath>
 
 #include "kernel_cases.hpp"
@@ -39,15 +39,19 @@ ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n) {
   return ConstAct(held, true);
 }
 
-// The twin of a call that writes `out` in bf16: the fp32 call, then `out` rounded in place (to bf16 and back).
-Twin fp32_then_rounded(const std::string& out, size_t n, std::function<void(Kernels&, Buffers&)> fp32_call) {
+// The twin of a call that writes `outs` (name, values) in bf16: the fp32 call, then each rounded in place (to bf16
+// and back).
+Twin fp32_then_rounded(std::vector<std::pair<std::string, size_t>> outs,
+                       std::function<void(Kernels&, Buffers&)> fp32_call) {
   return {.what = "the fp32 call, then rounded",
           .call =
               [=](Kernels& k, Buffers& b) {
                 fp32_call(k, b);
-                auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
-                k.to_bf16(held, b.f(out), n);
-                k.from_bf16(b.f(out), held, n);
+                for (const auto& [out, n] : outs) {
+                  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+                  k.to_bf16(held, b.f(out), n);
+                  k.from_bf16(b.f(out), held, n);
+                }
               },
           .rtol = 0};
 }
@@ -82,7 +86,7 @@ void norm_cases(std::vector<KernelCase>& cases) {
                t["rstd"] = as_f32(rstd);
              },
          .cuda_repeatable = true,
-         .twins = {fp32_then_rounded("y", n, [=](Kernels& k, Buffers& b) {
+         .twins = {fp32_then_rounded({{"y", n}}, [=](Kernels& k, Buffers& b) {
            k.layernorm_forward(b.f("y"), b.f("mean"), b.f("rstd"), b.f("x"), b.f("w"), b.f("b"), N, C);
          })}});
     const float eps = 1e-6f;
@@ -106,7 +110,7 @@ void norm_cases(std::vector<KernelCase>& cases) {
                t["rstd"] = as_f32(rstd);
              },
          .cuda_repeatable = true,
-         .twins = {fp32_then_rounded("y", n, [=](Kernels& k, Buffers& b) {
+         .twins = {fp32_then_rounded({{"y", n}}, [=](Kernels& k, Buffers& b) {
            k.rmsnorm_forward(b.f("y"), b.f("rstd"), b.f("x"), b.f("w"), N, C, eps);
          })}});
   }
@@ -138,9 +142,52 @@ void swiglu_cases(std::vector<KernelCase>& cases) {
                            t["a"] = rounded_f32(a);
                          },
                      .cuda_repeatable = true,
-                     .twins = {fp32_then_rounded("a", n, [=](Kernels& k, Buffers& b) {
+                     .twins = {fp32_then_rounded({{"a", n}}, [=](Kernels& k, Buffers& b) {
                        k.swiglu_forward(b.f("a"), b.f("g"), b.f("u"), n);
                      })}});
+  }
+}
+
+// SwiGLU's backward writing dg and du in bf16 (the gradients only matmuls read).
+void swiglu_backward_cases(std::vector<KernelCase>& cases) {
+  for (size_t n : {size_t(5), size_t(70001)}) {
+    cases.push_back(
+        {.name = "swiglu_backward into bf16 " + dims({{"n", long(n)}}),
+         .make =
+             [=](std::mt19937& gen) {
+               Tensors t;
+               t["g"] = f32(uniform(gen, n, -4.f, 4.f));
+               t["u"] = f32(uniform(gen, n, -2.f, 2.f));
+               t["da"] = f32(uniform(gen, n));
+               t["dg"] = f32(filled(n, 3.f));
+               t["du"] = f32(filled(n, 3.f));
+               return t;
+             },
+         .call =
+             [=](Kernels& k, Buffers& b) {
+               auto* held = reinterpret_cast<uint16_t*>(b.scratch(n + 1));  // dg's n bf16, then du's
+               uint16_t* dg = held;
+               uint16_t* du = held + (n + 1) / 2 * 2;
+               k.swiglu_backward(Act(dg, true), Act(du, true), b.f("da"), b.f("g"), b.f("u"), n);
+               k.from_bf16(b.f("dg"), dg, n);
+               k.from_bf16(b.f("du"), du, n);
+             },
+         .outs = {{"dg", kBf16Step, kBf16Step, 0, 1}, {"du", kBf16Step, kBf16Step, 0, 1}},
+         .reference =
+             [=](Tensors& t) {
+               std::vector<double> dg(n), du(n);
+               for (size_t i = 0; i < n; ++i) {
+                 const double g = t["g"].f[i], sig = 1.0 / (1.0 + std::exp(-g)), da = t["da"].f[i];
+                 dg[i] = da * t["u"].f[i] * sig * (1.0 + g * (1.0 - sig));
+                 du[i] = da * g * sig;
+               }
+               t["dg"] = rounded_f32(dg);
+               t["du"] = rounded_f32(du);
+             },
+         .cuda_repeatable = true,
+         .twins = {fp32_then_rounded({{"dg", n}, {"du", n}}, [=](Kernels& k, Buffers& b) {
+           k.swiglu_backward(b.f("dg"), b.f("du"), b.f("da"), b.f("g"), b.f("u"), n);
+         })}});
   }
 }
 
@@ -157,7 +204,8 @@ void linear_cases(std::vector<KernelCase>& cases) {
       t["dy"] = f32(uniform(gen, ny));
       t["y"] = f32(filled(ny, 123.f));
       t["dgelu"] = f32(filled(ny, 123.f));
-      t["dw"] = f32(uniform(gen, size_t(OC) * C));  // the prior of an accumulating backward
+      t["dw"] = f32(uniform(gen, size_t(OC) * C));  // the priors of an accumulating backward
+      t["dx"] = f32(uniform(gen, nx));
       return t;
     };
     auto forward = [=](const Tensors& t) { return linear_forward_ref(t, N, C, OC, true); };
@@ -192,10 +240,41 @@ void linear_cases(std::vector<KernelCase>& cases) {
                t["dgelu"] = as_f32(dg);
              },
          .threads_rtol = 1e-4,
-         .twins = {fp32_then_rounded("y", ny, in_bf16([=](Kernels& k, Buffers& b) {
+         .twins = {fp32_then_rounded({{"y", ny}}, in_bf16([=](Kernels& k, Buffers& b) {
            k.linear_gelu_forward(b.f("dgelu"), b.f("y"), b.f("x"), b.f("w"), b.f("b"), N, C, OC);
          }))}});
     for (bool acc : {false, true}) {
+      cases.push_back({.name = std::string("bf16 linear_backward_input from bf16 ") + (acc ? "accumulate " : "") + shape,
+                       .make = start,
+                       .call = in_bf16([=](Kernels& k, Buffers& b) {
+                         k.linear_backward_input(b.f("dx"), as_bf16(k, b, "dy", ny), b.f("w"), N, C, OC, acc);
+                       }),
+                       .outs = {{"dx", 1e-4, 1e-4, 0, 1}},
+                       .reference =
+                           [=](Tensors& t) {
+                             t["dx"] = as_f32(
+                                 add_prior(product(rounded(t["dy"].f), rounded(t["w"].f), N, OC, C, true), t["dx"].f, acc));
+                           },
+                       .threads_rtol = 1e-4,
+                       .twins = {{.what = "on the fp32 values",
+                                  .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                    k.linear_backward_input(b.f("dx"), b.f("dy"), b.f("w"), N, C, OC, acc);
+                                  }),
+                                  .rtol = 0}}});
+      cases.push_back({.name = std::string("bf16 linear_backward_weight from bf16 dy and x ") + (acc ? "accumulate " : "") +
+                               shape,
+                       .make = start,
+                       .call = in_bf16([=](Kernels& k, Buffers& b) {
+                         k.linear_backward_weight(b.f("dw"), nullptr, as_bf16(k, b, "dy", ny), as_bf16(k, b, "x", nx),
+                                                  N, C, OC, acc);
+                       }),
+                       .outs = {{"dw", 1e-4, 1e-4, 0, 1}},
+                       .threads_rtol = 1e-4,
+                       .twins = {{.what = "on the fp32 values",
+                                  .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                    k.linear_backward_weight(b.f("dw"), nullptr, b.f("dy"), b.f("x"), N, C, OC, acc);
+                                  }),
+                                  .rtol = 0}}});
       cases.push_back({.name = std::string("bf16 linear_backward_weight from bf16 ") + (acc ? "accumulate " : "") + shape,
                        .make = start,
                        .call = in_bf16([=](Kernels& k, Buffers& b) {
@@ -226,6 +305,7 @@ void linear_cases(std::vector<KernelCase>& cases) {
 void add_bf16_activation_cases(std::vector<KernelCase>& cases) {
   norm_cases(cases);
   swiglu_cases(cases);
+  swiglu_backward_cases(cases);
   linear_cases(cases);
 }
 

@@ -208,21 +208,22 @@ void CpuKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const floa
   }
 }
 
-void CpuKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+void CpuKernels::linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                                        bool accumulate) {
   weight_gemm(false, N, C, OC, dy, w, OC, C, accumulate ? 1.f : 0.f, dx);  // w (OC,C)
 }
 
-void CpuKernels::linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
+void CpuKernels::linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C, int OC,
                                         bool accumulate) {
   gemm(true, false, OC, C, N, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
   if (!db) return;
+  PIPER_CHECK(!dy.bf16, "linear_backward_weight: a bias gradient from a bf16 dy");
   for_chunks(size_t(OC), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
     float* __restrict out = db;
     if (!accumulate)
       for (size_t c = c0; c < c1; ++c) out[c] = 0.f;
     for (int r = 0; r < N; ++r) {
-      const float* __restrict row = dy + int64_t(r) * OC;
+      const float* __restrict row = dy.f32() + int64_t(r) * OC;
       for (size_t c = c0; c < c1; ++c) out[c] += row[c];
     }
   });

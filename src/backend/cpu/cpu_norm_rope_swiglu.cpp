@@ -10,6 +10,8 @@
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"
+#include "util/error.hpp"
+#include "util/precision.hpp"
 
 namespace piper {
 
@@ -112,20 +114,25 @@ void CpuKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n)
   });
 }
 
-void CpuKernels::swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) {
+void CpuKernels::swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) {
   // silu'(g) = σ(g) (1 + g (1 − σ(g)))
+  PIPER_CHECK(dg.bf16 == du.bf16, "swiglu_backward: dg and du of different widths");
   for_range(n, threads_, [&](size_t e0, size_t e1) {
-    float* __restrict dgate = dg;
-    float* __restrict dup = du;
     const float* __restrict grad = da;
     const float* __restrict gate = g;
     const float* __restrict up = u;
-    for (size_t i = e0; i < e1; ++i) {
-      const float x = gate[i];
-      const float sig = 1.0f / (1.0f + vec::exp_approx(-x));
-      dgate[i] = grad[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
-      dup[i] = grad[i] * x * sig;
-    }
+    auto each = [&](auto* __restrict dgate, auto* __restrict dup, auto put) {
+      for (size_t i = e0; i < e1; ++i) {
+        const float x = gate[i];
+        const float sig = 1.0f / (1.0f + vec::exp_approx(-x));
+        dgate[i] = put(grad[i] * up[i] * sig * (1.0f + x * (1.0f - sig)));
+        dup[i] = put(grad[i] * x * sig);
+      }
+    };
+    if (dg.bf16)
+      each(dg.bits(), du.bits(), [](float v) { return bf16_bits(v); });
+    else
+      each(dg.f32(), du.f32(), [](float v) { return v; });
   });
 }
 

@@ -256,21 +256,22 @@ void CudaKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const flo
   cuda::bias_gelu(dgelu, y, pre, b, N, OC, t.stream.stream());                // y = gelu(pre + b), dgelu = gelu'
 }
 
-void CudaKernels::linear_backward_input(float* dx, const float* dy, const float* w, int N, int C, int OC,
+void CudaKernels::linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                                         bool accumulate) {
   Target t = target();
   // dx(N,C) (+)= dy(N,OC) · w(OC,C)
   linear_gemm(t.stream, false, false, N, C, OC, dy, OC, w, C, accumulate ? 1.f : 0.f, dx, C);
 }
 
-void CudaKernels::linear_backward_weight(float* dw, float* db, const float* dy, ConstAct x, int N, int C, int OC,
+void CudaKernels::linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C, int OC,
                                          bool accumulate) {
   Target t = target();
   // dw(OC,C) (+)= dy(N,OC)^T · x(N,C)
   linear_gemm(t.stream, true, false, OC, C, N, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
   if (!db) return;
+  PIPER_CHECK(!dy.bf16, "linear_backward_weight: a bias gradient from a bf16 dy");
   auto* partial = static_cast<float*>(t.stream.workspace(sizeof(float) * size_t(cuda::column_chunks(N)) * OC));
-  cuda::column_sums(db, dy, N, OC, accumulate, partial, t.stream.stream());  // db(OC) (+)= Σ_rows dy
+  cuda::column_sums(db, dy.f32(), N, OC, accumulate, partial, t.stream.stream());  // db(OC) (+)= Σ_rows dy
 }
 
 namespace {
@@ -494,7 +495,8 @@ void CudaKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n
   cuda::swiglu_forward(a, g, u, n, t.stream.stream());
 }
 
-void CudaKernels::swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n) {
+void CudaKernels::swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) {
+  PIPER_CHECK(dg.bf16 == du.bf16, "swiglu_backward: dg and du of different widths");
   Target t = target();
   cuda::swiglu_backward(dg, du, da, g, u, n, t.stream.stream());
 }

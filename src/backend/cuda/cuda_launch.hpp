@@ -70,7 +70,7 @@ void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float
 // a(n) = silu(g) * u
 void swiglu_forward(Act a, const float* g, const float* u, size_t n, cudaStream_t s);
 // dg(n) = da * u * silu'(g), du(n) = da * silu(g)
-void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n,
+void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n,
                      cudaStream_t s);
 
 // ---- gqa_attention_kernels.cu ----

@@ -113,13 +113,14 @@ __global__ void swiglu_forward_kernel(Out* a, const float* g, const float* u, si
 }
 
 // silu'(g) = σ(g) (1 + g (1 − σ(g)))
-__global__ void swiglu_backward_kernel(float* dg, float* du, const float* da, const float* g, const float* u,
+template <typename Out>
+__global__ void swiglu_backward_kernel(Out* dg, Out* du, const float* da, const float* g, const float* u,
                                        size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float x = g[i], grad = da[i];
     const float sig = 1.0f / (1.0f + expf(-x));
-    dg[i] = grad * u[i] * sig * (1.0f + x * (1.0f - sig));
-    du[i] = grad * x * sig;
+    store_value(dg, int64_t(i), grad * u[i] * sig * (1.0f + x * (1.0f - sig)));
+    store_value(du, int64_t(i), grad * x * sig);
   }
 }
 
@@ -174,10 +175,12 @@ void swiglu_forward(Act a, const float* g, const float* u, size_t n, cudaStream_
   CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, size_t n,
-                     cudaStream_t s) {
+void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg, du, da, g, u, n);
+  if (dg.bf16 && du.bf16)
+    swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg.bits(), du.bits(), da, g, u, n);
+  else
+    swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg.f32(), du.f32(), da, g, u, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -282,13 +282,14 @@ struct MlpStash {
 };
 
 struct MlpWStash {
-  float *dg, *du, *dh;
+  Act dg, du;  // read by matmuls alone
+  float* dh;
   size_t floats;
   MlpWStash(float* p, const Shape& s) {
     StashCarver c(p);
-    dg = c.keep<float>(int64_t(s.n) * s.F);  // (n,F)
-    du = c.keep<float>(int64_t(s.n) * s.F);  // (n,F)
-    dh = c.keep<float>(int64_t(s.n) * s.C);  // (n,C)
+    dg = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // (n,F)
+    du = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // (n,F)
+    dh = c.keep<float>(int64_t(s.n) * s.C);        // (n,C)
     floats = c.bytes() / sizeof(float);
   }
 };
