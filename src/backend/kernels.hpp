@@ -147,8 +147,8 @@ class Kernels {
   // y(N,C) = x * rstd * w with rstd(N) = 1 / sqrt(mean_c x² + eps), kept for the backward. y may not alias x; it
   // may be a bf16 activation (each value computed in fp32, then rounded).
   virtual void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
-  // dx(N,C) (+)= d/dx of rmsnorm given dy(N,C)
-  virtual void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
+  // dx(N,C) (+)= d/dx of rmsnorm given dy(N,C); dx may be a bf16 activation where it is written (not accumulated).
+  virtual void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w,
                                       int N, int C, bool accumulate) = 0;
   // dw(C) (+)= Σ_rows dy * x * rstd
   virtual void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,

@@ -147,7 +147,7 @@ void ProfilingKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const
                                        float eps) {
   timed("rmsnorm_forward", [&] { k_.rmsnorm_forward(y, rstd, x, w, N, C, eps); });
 }
-void ProfilingKernels::rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd,
+void ProfilingKernels::rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd,
                                               const float* w, int N, int C, bool accumulate) {
   timed("rmsnorm_backward_input", [&] { k_.rmsnorm_backward_input(dx, dy, x, rstd, w, N, C, accumulate); });
 }

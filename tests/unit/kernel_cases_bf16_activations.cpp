@@ -1,6 +1,6 @@
-// Kernel cases of the bf16 activations a bf16 run holds where only matmuls read them (kernels.hpp's Act): the norms,
-// SwiGLU (forward and backward) and the fused GELU write them rounded, the linear calls read them; each against the
-// fp32 call rounded after (a twin, to the bit) and against the double reference rounded to bf16.
+// Kernel cases of the bf16 activations a bf16 run holds where only matmuls read them (kernels.hpp's Act): the norms
+// (and RMSNorm's backward), SwiGLU (forward and backward) and the fused GELU write them rounded, the linear calls read
+// them; each against the fp32 call rounded after (a twin, to the bit) and the double reference rounded to bf16.
 #include <cmath>
 
 #include "kernel_cases.hpp"
@@ -112,6 +112,45 @@ void norm_cases(std::vector<KernelCase>& cases) {
          .cuda_repeatable = true,
          .twins = {fp32_then_rounded({{"y", n}}, [=](Kernels& k, Buffers& b) {
            k.rmsnorm_forward(b.f("y"), b.f("rstd"), b.f("x"), b.f("w"), N, C, eps);
+         })}});
+    // the backward from the saved rstd, dx written in bf16 (Qwen3's q and k norms: dx is a projection's gradient)
+    auto with_rstd = [=](std::mt19937& gen) {
+      Tensors t = start(gen);
+      t["dy"] = f32(uniform(gen, n));
+      std::vector<float> y(n), rstd(static_cast<size_t>(N));
+      host().rmsnorm_forward(y.data(), rstd.data(), t["x"].f.data(), t["w"].f.data(), N, C, eps);
+      t["rstd"] = f32(rstd);
+      t["dx"] = f32(filled(n, 3.f));
+      return t;
+    };
+    cases.push_back(
+        {.name = "rmsnorm_backward_input into bf16 " + shape,
+         .make = with_rstd,
+         .call = into_bf16("dx", n,
+                           [=](Kernels& k, Buffers& b, Act dx) {
+                             k.rmsnorm_backward_input(dx, b.f("dy"), b.f("x"), b.f("rstd"), b.f("w"), N, C, false);
+                           }),
+         .outs = {{"dx", kBf16Step, kBf16Step, 0, 1}},
+         .reference =
+             [=](Tensors& t) {  // dx = rstd · (dy · w − x · rstd² · Σ_c dy·w·x / C)
+               std::vector<double> dx(n);
+               for (int r = 0; r < N; ++r) {
+                 const double rs = t["rstd"].f[size_t(r)];
+                 double dot = 0;
+                 for (int c = 0; c < C; ++c) {
+                   const size_t e = size_t(r) * C + c;
+                   dot += double(t["dy"].f[e]) * t["w"].f[size_t(c)] * t["x"].f[e];
+                 }
+                 for (int c = 0; c < C; ++c) {
+                   const size_t e = size_t(r) * C + c;
+                   dx[e] = rs * (double(t["dy"].f[e]) * t["w"].f[size_t(c)] - double(t["x"].f[e]) * rs * rs * dot / C);
+                 }
+               }
+               t["dx"] = rounded_f32(dx);
+             },
+         .cuda_repeatable = true,
+         .twins = {fp32_then_rounded({{"dx", n}}, [=](Kernels& k, Buffers& b) {
+           k.rmsnorm_backward_input(b.f("dx"), b.f("dy"), b.f("x"), b.f("rstd"), b.f("w"), N, C, false);
          })}});
   }
 }

@@ -30,21 +30,23 @@ void CpuKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float
   });
 }
 
-void CpuKernels::rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
+void CpuKernels::rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w,
                                         int N, int C, bool accumulate) {
   // y_i = x_i rs w_i, rs = (Σ x² / C + eps)^-1/2: dx_i = rs (dy_i w_i − x_i rs² Σ_j dy_j w_j x_j / C)
+  PIPER_CHECK(!(dx.bf16 && accumulate), "rmsnorm_backward_input: a bf16 dx added to");
   for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
     for (size_t r = e0 / C; r < e1 / C; ++r) {
       const float* __restrict xr = x + r * C;   // (C)
       const float* __restrict gr = dy + r * C;  // (C)
-      float* __restrict dr = dx + r * C;        // (C)
       const float rs = rstd[r];
       const float dot = vec::lane_sum(C, [&](int i) { return gr[i] * w[i] * xr[i]; });
       const float k = rs * rs * dot / C;
-      if (accumulate)
+      if (accumulate) {
+        float* __restrict dr = dx.f32() + r * C;  // (C)
         for (int i = 0; i < C; ++i) dr[i] += rs * (gr[i] * w[i] - xr[i] * k);
-      else
-        for (int i = 0; i < C; ++i) dr[i] = rs * (gr[i] * w[i] - xr[i] * k);
+      } else {
+        cpu::store(dx, r * C, size_t(C), [&](size_t i) { return rs * (gr[i] * w[i] - xr[i] * k); });  // (C)
+      }
     }
   });
 }

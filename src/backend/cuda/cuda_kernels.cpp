@@ -417,8 +417,9 @@ void CudaKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const floa
   cuda::rmsnorm_forward(y, rstd, x, w, N, C, eps, t.stream.stream());
 }
 
-void CudaKernels::rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w,
+void CudaKernels::rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w,
                                          int N, int C, bool accumulate) {
+  PIPER_CHECK(!(dx.bf16 && accumulate), "rmsnorm_backward_input: a bf16 dx added to");
   Target t = target();
   cuda::rmsnorm_backward_input(dx, dy, x, rstd, w, N, C, accumulate, t.stream.stream());
 }

@@ -54,7 +54,7 @@ class CudaKernels final : public Kernels {
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                           bool accumulate_wte, bool accumulate_wpe) override;
   void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) override;
-  void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+  void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
                               int C, bool accumulate) override;
   void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
                                bool accumulate) override;

@@ -58,7 +58,7 @@ void causal_softmax_backward(float* dp, const float* p, int64_t rows, int T, cud
 // y(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(mean x² + eps); one block per row
 void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s);
 // dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C); one block per row
-void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
                             int C, bool accumulate, cudaStream_t s);
 // dw(C) (+)= Σ_rows dy·x·rstd, deterministic column sums; partial: column_chunks(N)·C floats
 void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,

@@ -1,6 +1,7 @@
 // CUDA kernels of the Llama-style (Qwen3) transformer besides attention and embeddings: RMSNorm (one block per
 // row, weight gradient as deterministic column sums), rotary position embedding and SwiGLU (elementwise).
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.hpp"
 #include "backend/cuda/cuda_launch.hpp"
@@ -28,20 +29,24 @@ __global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const float* x, cons
 }
 
 // One block per row: dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C)
-__global__ void rmsnorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* rstd,
+template <typename Out>
+__global__ void rmsnorm_backward_input_kernel(Out* dx, const float* dy, const float* x, const float* rstd,
                                               const float* w, int C, bool accumulate) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * C;   // (C)
   const float* gr = dy + row * C;  // (C)
-  float* dr = dx + row * C;        // (C)
+  Out* dr = dx + row * C;          // (C)
   const float rs = rstd[row];
   float dot = 0.f;
   for (int i = threadIdx.x; i < C; i += blockDim.x) dot += gr[i] * w[i] * xr[i];
   const float k = rs * rs * block_sum(dot, shared) / C;
   for (int i = threadIdx.x; i < C; i += blockDim.x) {
     const float d = rs * (gr[i] * w[i] - xr[i] * k);
-    dr[i] = accumulate ? dr[i] + d : d;
+    if constexpr (std::is_same_v<Out, float>)
+      dr[i] = accumulate ? dr[i] + d : d;
+    else
+      store_value(dr, i, d);  // a bf16 dx is written, never added to
   }
 }
 
@@ -135,10 +140,13 @@ void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, 
   CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
                             int C, bool accumulate, cudaStream_t s) {
   if (N <= 0) return;
-  rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(dx, dy, x, rstd, w, C, accumulate);
+  if (dx.bf16)
+    rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(dx.bits(), dy, x, rstd, w, C, false);
+  else
+    rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(dx.f32(), dy, x, rstd, w, C, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

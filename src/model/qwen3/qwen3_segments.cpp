@@ -106,15 +106,16 @@ struct AttentionStash {
 // Backward-input → backward-weight: gradients of the projections' outputs, of the q/k norms' outputs
 // and of the normed input.
 struct AttentionWStash {
-  float *dq_pre, *dk_pre, *dv, *dq, *dk, *dh;
+  float *dv, *dq, *dk, *dh;
+  Act dq_pre, dk_pre;  // with qk_norm: read by matmuls alone
   size_t floats;
   AttentionWStash(float* p, const Shape& s) {
     StashCarver c(p);
     dq = c.keep<float>(int64_t(s.n) * s.QD);  // d(q after norm, before RoPE) (n,QD)
     dk = c.keep<float>(int64_t(s.n) * s.KD);  // (n,KD)
     dv = c.keep<float>(int64_t(s.n) * s.KD);  // (n,KD)
-    dq_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.QD) : dq;  // d(q projection) (n,QD)
-    dk_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KD) : dk;
+    dq_pre = s.qk_norm ? c.keep_act(int64_t(s.n) * s.QD, s.bf16) : Act(dq);  // d(q projection) (n,QD)
+    dk_pre = s.qk_norm ? c.keep_act(int64_t(s.n) * s.KD, s.bf16) : Act(dk);
     dh = c.keep<float>(int64_t(s.n) * s.C);   // d(normed input) (n,C)
     floats = c.bytes() / sizeof(float);
   }
@@ -125,7 +126,7 @@ const float* kv_rows(const float* w, const Shape& s) { return w + int64_t(s.kv0)
 
 // The gradient of k_proj or v_proj from dy(n,KD): its piece, or within a copy the rows of this rank's head, the
 // others zero when overwriting (the ranks sharing a head add up in the sum over the group).
-void kv_backward_weight(Kernels& k, float* g, const float* dy, ConstAct h, const Shape& s, bool accumulate) {
+void kv_backward_weight(Kernels& k, float* g, ConstAct dy, ConstAct h, const Shape& s, bool accumulate) {
   const int64_t head = int64_t(s.D) * s.C;  // one head's rows
   if (s.kv_whole > 0 && !accumulate) {
     k.fill(g, 0.f, size_t(s.kv0 * head));
