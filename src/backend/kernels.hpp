@@ -37,6 +37,9 @@ struct ConstAct {
   ConstAct(const void* data, bool is_bf16) : p(data), bf16(is_bf16) {}
   const float* f32() const { return static_cast<const float*>(p); }
   const uint16_t* bits() const { return static_cast<const uint16_t*>(p); }
+  ConstAct at(int64_t elements) const {  // the activation from element `elements` on, at its width
+    return {static_cast<const char*>(p) + elements * (bf16 ? 2 : 4), bf16};
+  }
 };
 
 // One product of a grouped linear call (Kernels::linear_*_grouped): the operands of the matching linear_* call,
@@ -128,11 +131,13 @@ class Kernels {
   // the normalisation (CPU, GPT-2 on CUDA) or, in a flash kernel, exp(s − running max) before the division by the
   // sum (grouped-query attention on CUDA, head dimensions up to 128; above, the fp32 kernels on rounded q, k, v, dy,
   // which leave P and dS unrounded). The scratch sizes do not depend on the precision. In fp32 nothing changes.
+  // There qkv, or q, k and v, may be bf16 activations (all three at one width): the products read them as they
+  // are, the same bits as rounding them in the call.
   //
   // Causal multi-head self-attention. qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) keeps the probabilities.
-  virtual void attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) = 0;
   // dqkv(B,T,3C) = backward of attention given dy(B,T,C). scratch: attention_scratch_floats(...) floats.
-  virtual void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
+  virtual void attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att, float* scratch,
                                   int B, int T, int C, int NH) = 0;
   virtual size_t attention_scratch_floats(int B, int T, int C, int NH) const = 0;
 
@@ -162,13 +167,13 @@ class Kernels {
   // query head h reads key/value head h / (H/KV). lse(B,H,T) = log Σ_j exp(score) of each query row, for the
   // backward. Never holds more than one (rows × T) tile of scores per (sequence, head) at a time; skips the
   // masked (upper) half of the work.
-  virtual void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
-                                     int T, int H, int KV, int D) = 0;
+  virtual void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
+                                     int KV, int D) = 0;
   // dq(B,T,H,D), dk(B,T,KV,D), dv(B,T,KV,D) written (not accumulated) from dy(B,T,H,D); probabilities are
   // recomputed from q, k and lse; y is the forward output. scratch: gqa_attention_scratch_floats(...) floats.
-  virtual void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
-                                      const float* k, const float* v, const float* y, const float* lse,
-                                      float* scratch, int B, int T, int H, int KV, int D) = 0;
+  virtual void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                                      ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
+                                      int H, int KV, int D) = 0;
   virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
   // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded).
   virtual void swiglu_forward(Act a, const float* g, const float* u, size_t n) = 0;

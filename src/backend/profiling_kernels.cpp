@@ -127,10 +127,10 @@ void ProfilingKernels::layernorm_backward_weight(float* dw, float* db, const flo
   timed("layernorm_backward_weight",
         [&] { k_.layernorm_backward_weight(dw, db, dy, x, mean, rstd, N, C, accumulate); });
 }
-void ProfilingKernels::attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+void ProfilingKernels::attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
   timed("attention_forward", [&] { k_.attention_forward(y, att, qkv, B, T, C, NH); });
 }
-void ProfilingKernels::attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att,
+void ProfilingKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att,
                                           float* scratch, int B, int T, int C, int NH) {
   timed("attention_backward", [&] { k_.attention_backward(dqkv, dy, qkv, att, scratch, B, T, C, NH); });
 }
@@ -158,12 +158,12 @@ void ProfilingKernels::rmsnorm_backward_weight(float* dw, const float* dy, const
 void ProfilingKernels::rope(float* x, int B, int T, int H, int D, float theta, bool inverse) {
   timed("rope", [&] { k_.rope(x, B, T, H, D, theta, inverse); });
 }
-void ProfilingKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v,
+void ProfilingKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v,
                                              int B, int T, int H, int KV, int D) {
   timed("gqa_attention_forward", [&] { k_.gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D); });
 }
-void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
-                                              const float* k, const float* v, const float* y, const float* lse,
+void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q,
+                                              ConstAct k, ConstAct v, const float* y, const float* lse,
                                               float* scratch, int B, int T, int H, int KV, int D) {
   timed("gqa_attention_backward",
         [&] { k_.gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D); });

@@ -56,8 +56,8 @@ class ProfilingKernels : public Kernels {
                                 const float* w, int N, int C, bool accumulate) override;
   void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                  const float* rstd, int N, int C, bool accumulate) override;
-  void attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) override;
-  void attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch, int B,
+  void attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) override;
+  void attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att, float* scratch, int B,
                           int T, int C, int NH) override;
   size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
     return k_.attention_scratch_floats(B, T, C, NH);
@@ -72,10 +72,10 @@ class ProfilingKernels : public Kernels {
   void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
                                bool accumulate) override;
   void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) override;
-  void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
+  void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
                              int H, int KV, int D) override;
-  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                              const float* v, const float* y, const float* lse, float* scratch, int B, int T, int H,
+  void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                              ConstAct v, const float* y, const float* lse, float* scratch, int B, int T, int H,
                               int KV, int D) override;
   size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override {
     return k_.gqa_attention_scratch_floats(B, T, H, KV, D);

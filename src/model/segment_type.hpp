@@ -23,7 +23,7 @@ struct SegmentSizes {
   // SegmentType::rerun_tail recomputes the rest. 0: the type has no such split (selective keeps it all).
   size_t stash_kept_bytes = 0;
   size_t wstash_bytes = 0;     // backward-input → backward-weight
-  size_t workspace_bytes = 0;  // scratch during backward (excluding the backend scratch)
+  size_t workspace_bytes = 0;  // scratch during a forward or backward (excluding the backend scratch)
   size_t input_bytes = 0;      // activation this segment reads (0 when it reads data)
 };
 

@@ -15,7 +15,7 @@
 
 namespace piper {
 
-constexpr uint32_t kPlanVersion = 22;
+constexpr uint32_t kPlanVersion = 23;
 
 enum class BufferKind : uint8_t { Param, Grad, OptState, Activation, Comm, Workspace };
 constexpr int kBufferKinds = 6;

@@ -574,10 +574,12 @@ void Executor::run_pass(Op op, const ComputeArgs& in, const Segment& seg, Segmen
   const auto wstash = [&] { return in.wstash >= 0 ? store_.f(in.wstash) + wstash_at / sizeof(float) : nullptr; };
   switch (op) {
     case Op::Forward:
+      io.workspace = workspace;
       if (seg.type->data != DataSlot::None) load_data(in, io.stash);
       segment_forward(k_, seg, d, io);
       break;
     case Op::Recompute:  // the whole forward again, or (a split stash) only the part selective recompute dropped
+      io.workspace = workspace;
       if (in.stash_tail >= 0) {
         seg.type->rerun_tail(k_, seg, d, io);
         break;

@@ -33,16 +33,18 @@ ForwardPass::ForwardPass(const Model& model, Backend& backend)
   PIPER_CHECK(head != model_.segments.end(), "model.kind '", model_.kind, "' has no head that gives logits");
   head_ = size_t(head - model_.segments.begin());
   const ModelDims d = context_dims(model_.dims, model_.dims.seq_len);
-  size_t scratch_floats = 0, routing = 0;
+  size_t scratch_floats = 0, routing = 0, workspace_bytes = 0;
   for (size_t s = 0; s <= head_; ++s) {
     const Segment& seg = model_.segments[s];
     const SegmentSizes z = segment_sizes(seg, d, 1);
     out_.push_back(z.out_bytes ? device(z.out_bytes) : nullptr);
     stash_.push_back(z.stash_bytes ? device(z.stash_bytes) : nullptr);
     scratch_floats = std::max(scratch_floats, segment_scratch_floats(k_, seg, d, 1));
+    workspace_bytes = std::max(workspace_bytes, z.workspace_bytes);
     if (seg.type->routed_experts) routing = std::max(routing, size_t(routing_stats_size(seg.type->routed_experts(d))));
   }
   if (scratch_floats) scratch_ = static_cast<float*>(device(scratch_floats * sizeof(float)));
+  if (workspace_bytes) workspace_ = static_cast<float*>(device(workspace_bytes));
   sums_ = static_cast<double*>(device((2 + routing) * sizeof(double)));
   backend_.zero(sums_, (2 + routing) * sizeof(double));
   params_.assign(model_.params.size(), nullptr);
@@ -93,6 +95,7 @@ std::vector<float> ForwardPass::next_logits(const std::vector<int32_t>& tokens) 
       io.counts = counts_.data();
     }
     io.scratch = scratch_;
+    io.workspace = workspace_;
     io.loss_sum = sums_;
     io.balance_loss = sums_ + 1;
     if (seg.type->routed_experts) io.routing = sums_ + 2;

@@ -41,6 +41,7 @@ class ForwardPass {
   std::vector<float*> params_;                   // by model parameter (device)
   std::vector<void*> out_, stash_;               // by segment (device), sized for the longest context
   float* scratch_ = nullptr;                     // backend scratch
+  float* workspace_ = nullptr;                   // segment scratch (SegmentSizes::workspace_bytes)
   double* sums_ = nullptr;                       // device: sinks for the loss, balance loss and routing statistics (never read)
   std::vector<std::pair<void*, size_t>> owned_;  // every allocation, released at the end
   std::vector<int32_t> counts_;                  // host: a ragged input's part counts

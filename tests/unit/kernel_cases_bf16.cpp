@@ -21,6 +21,12 @@ std::function<void(Kernels&, Buffers&)> in_bf16(std::function<void(Kernels&, Buf
   };
 }
 
+ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n) {
+  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+  k.to_bf16(held, b.f(in), n);
+  return ConstAct(held, true);
+}
+
 std::vector<float> rounded(std::vector<float> v) {
   for (float& x : v) x = round_bf16(x);
   return v;
@@ -401,6 +407,11 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
              t["att"] = as_f32(att);
            },
        .threads_rtol = 0,
+       .twins = {{.what = "from a bf16 qkv",
+                  .call = in_bf16([=](Kernels& k, Buffers& b) {
+                    k.attention_forward(b.f("y"), b.f("att"), as_bf16(k, b, "qkv", n_qkv), B, T, C, NH);
+                  }),
+                  .rtol = 0}},
        .property = differs_from_fp32_kernel({"y"}, [=](CpuKernels& k, Tensors& t) {
          k.attention_forward(t["y"].f.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
        })});
@@ -432,6 +443,13 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
              t["dqkv.scale"] = f64(doubt_scale(d, dd));
            },
        .threads_rtol = 0,
+       .twins = {{.what = "from a bf16 qkv",
+                  .call = in_bf16([=](Kernels& k, Buffers& b) {
+                    float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
+                    k.attention_backward(b.f("dqkv"), b.f("dy"), as_bf16(k, b, "qkv", n_qkv), b.f("att"), scratch, B,
+                                         T, C, NH);
+                  }),
+                  .rtol = 0}},
        .property = differs_from_fp32_kernel({"dqkv"}, [=](CpuKernels& k, Tensors& t) {
          std::vector<float> scratch(k.attention_scratch_floats(B, T, C, NH));
          k.attention_backward(t["dqkv"].f.data(), t["dy"].f.data(), t["qkv"].f.data(), t["att"].f.data(),
@@ -499,6 +517,12 @@ void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
              },
          .threads_rtol = 0,
          .cuda_repeatable = true,
+         .twins = {{.what = "from bf16 q, k, v",
+                    .call = in_bf16([=](Kernels& k, Buffers& b) {
+                      k.gqa_attention_forward(b.f("y"), b.f("lse"), as_bf16(k, b, "q", nq), as_bf16(k, b, "k", nk),
+                                              as_bf16(k, b, "v", nk), s.B, s.T, s.H, s.KV, s.D);
+                    }),
+                    .rtol = 0}},
          .property = differs_from_fp32_kernel({"y"}, [=](CpuKernels& k, Tensors& t) {
            k.gqa_attention_forward(t["y"].f.data(), t["lse"].f.data(), t["q"].f.data(), t["k"].f.data(),
                                    t["v"].f.data(), s.B, s.T, s.H, s.KV, s.D);
@@ -538,6 +562,14 @@ void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
              },
          .threads_rtol = 0,
          .cuda_repeatable = true,
+         .twins = {{.what = "from bf16 q, k, v",
+                    .call = in_bf16([=](Kernels& k, Buffers& b) {
+                      float* scratch = b.scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+                      k.gqa_attention_backward(b.f("dq"), b.f("dk"), b.f("dv"), b.f("dy"), as_bf16(k, b, "q", nq),
+                                               as_bf16(k, b, "k", nk), as_bf16(k, b, "v", nk), b.f("y"), b.f("lse"),
+                                               scratch, s.B, s.T, s.H, s.KV, s.D);
+                    }),
+                    .rtol = 0}},
          .property = differs_from_fp32_kernel({"dq", "dk", "dv"}, [=](CpuKernels& k, Tensors& t) {
            std::vector<float> scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
            k.gqa_attention_backward(t["dq"].f.data(), t["dk"].f.data(), t["dv"].f.data(), t["dy"].f.data(),

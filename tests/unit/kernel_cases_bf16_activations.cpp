@@ -32,13 +32,6 @@ std::function<void(Kernels&, Buffers&)> into_bf16(const std::string& out, size_t
   };
 }
 
-// The fp32 tensor `in` (n values) as a bf16 activation, rounded into scratch.
-ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n) {
-  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
-  k.to_bf16(held, b.f(in), n);
-  return ConstAct(held, true);
-}
-
 // The twin of a call that writes `outs` (name, values) in bf16: the fp32 call, then each rounded in place (to bf16
 // and back).
 Twin fp32_then_rounded(std::vector<std::pair<std::string, size_t>> outs,

@@ -117,3 +117,44 @@ TEST_CASE("stash carver: a bf16 activation in place lies where the layout's orde
   CHECK(static_cast<char*>(ta.p) == held.data() + held_at[4]);
   CHECK(held_at[4] + 20 == held.size());  // 9 bf16 rounded up to 4 bytes, last
 }
+
+TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and Qwen3's q, k, v (read by attention's products alone) "
+          "are held in place too",
+          "[bf16]") {
+  // in place: the bytes of the runs held where the stash is, outside the view
+  auto in_place = [](const StashLayout& l) {
+    uint64_t b = 0;
+    for (const StashRun& r : l.runs) b += r.in_place ? r.bytes : 0;
+    return b;
+  };
+  SECTION("gpt2") {
+    Model m = gpt(16);
+    const Segment& attention = m.segments[1];
+    REQUIRE(attention.type->name == "gpt2.attention");
+    const int64_t n = 3 * 16, C = 32;  // 3 samples
+    const StashLayout fp32 = attention.type->stash_layout(attention, m.dims, 3);
+    m.dims.bf16_matmul_inputs = true;
+    const StashLayout bf16 = attention.type->stash_layout(attention, m.dims, 3);
+    CHECK(in_place(bf16) == uint64_t(3 * n * C + n * C) * 2);  // qkv (n,3C) and the normed input (n,C)
+    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + n * C) * 4);
+    CHECK(bf16.packed_bytes() == fp32.packed_bytes());
+  }
+  SECTION("qwen3") {
+    for (bool qk_norm : {true, false}) {
+      ModelSpec s;
+      s.kind = "qwen3";
+      s.vocab = 256, s.seq_len = 16, s.d_model = 32, s.n_layers = 1, s.n_heads = 4, s.n_kv_heads = 2, s.d_ff = 64;
+      s.head_dim = 8, s.qk_norm = qk_norm;
+      Model m = build_model(s);
+      const Segment& attention = m.segments[1];
+      REQUIRE(attention.type->name == "qwen3.attention");
+      const int64_t n = 2 * 16, C = 32, QD = 4 * 8, KD = 2 * 8;  // 2 samples
+      const StashLayout fp32 = attention.type->stash_layout(attention, m.dims, 2);
+      m.dims.bf16_matmul_inputs = true;
+      const StashLayout bf16 = attention.type->stash_layout(attention, m.dims, 2);
+      INFO("qk_norm " << qk_norm);
+      CHECK(in_place(bf16) == uint64_t(n * C + n * QD + 2 * n * KD) * 2);  // h, q, k, v
+      CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(n * C + n * QD + 2 * n * KD) * 4);
+    }
+  }
+}

@@ -8,6 +8,7 @@
 #include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/vec_math.hpp"
+#include "util/error.hpp"
 
 namespace piper {
 
@@ -15,7 +16,7 @@ namespace {
 
 // qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) = the causal softmax of scale · q kᵀ per head
 template <bool kBf16>
-void attention_forward_in(int threads, float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward_in(int threads, float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t C3 = 3 * int64_t(C);
@@ -23,9 +24,9 @@ void attention_forward_in(int threads, float* y, float* att, const float* qkv, i
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
-    const float* q = qkv + int64_t(b) * T * C3 + h * hd;  // (T,hd), row stride 3C
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const ConstAct q = qkv.at(int64_t(b) * T * C3 + h * hd);  // (T,hd), row stride 3C
+    const ConstAct k = q.at(C);
+    const ConstAct v = q.at(2 * C);
     float* S = att + int64_t(bh) * T * T;  // (T,T)
     attention_product<kBf16>(false, true, T, T, hd, scale, q, int(C3), k, int(C3), 0.f, S, T);
     for (int t = 0; t < T; ++t) {
@@ -44,7 +45,7 @@ void attention_forward_in(int threads, float* y, float* att, const float* qkv, i
 
 // dqkv(B,T,3C) from dy(B,T,C), qkv and the kept probabilities; scratch: a (T,T) dP per thread
 template <bool kBf16>
-void attention_backward_in(int threads, float* dqkv, const float* dy, const float* qkv, const float* att,
+void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct qkv, const float* att,
                            float* scratch, int B, int T, int C, int NH) {
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -54,9 +55,9 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, const floa
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     float* dP = scratch + int64_t(omp_get_thread_num()) * T * T;  // (T,T)
-    const float* q = qkv + int64_t(b) * T * C3 + h * hd;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const ConstAct q = qkv.at(int64_t(b) * T * C3 + h * hd);
+    const ConstAct k = q.at(C);
+    const ConstAct v = q.at(2 * C);
     float* dq = dqkv + int64_t(b) * T * C3 + h * hd;
     float* dk = dq + C;
     float* dv = dq + 2 * C;
@@ -85,15 +86,17 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, const floa
 // instructions: faster than rounding the operands for cblas_sgemm on the quickstart shapes (B=16 T=128 C=256 NH=8,
 // 2 threads, best of 20): forward 2.7 ms, backward 3.6 ms, against 2.9 and 4.4 ms rounded (bf16_gemm's path without
 // bf16 instructions, PIPER_BF16_GEMM=rounded) and 2.8 and 4.5 ms in fp32.
-void CpuKernels::attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+void CpuKernels::attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
+  PIPER_CHECK(!qkv.bf16 || matmul_ == Precision::Bf16, "attention_forward: a bf16 qkv in fp32 matmul precision");
   if (matmul_ == Precision::Bf16) attention_forward_in<true>(threads_, y, att, qkv, B, T, C, NH);
   else attention_forward_in<false>(threads_, y, att, qkv, B, T, C, NH);
 }
 
 size_t CpuKernels::attention_scratch_floats(int, int T, int, int) const { return size_t(threads_) * T * T; }
 
-void CpuKernels::attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
+void CpuKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att, float* scratch,
                                     int B, int T, int C, int NH) {
+  PIPER_CHECK(!qkv.bf16 || matmul_ == Precision::Bf16, "attention_backward: a bf16 qkv in fp32 matmul precision");
   if (matmul_ == Precision::Bf16) attention_backward_in<true>(threads_, dqkv, dy, qkv, att, scratch, B, T, C, NH);
   else attention_backward_in<false>(threads_, dqkv, dy, qkv, att, scratch, B, T, C, NH);
 }

@@ -10,6 +10,7 @@
 #include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/vec_math.hpp"
+#include "util/error.hpp"
 
 namespace piper {
 
@@ -20,8 +21,8 @@ constexpr int kQueryBlock = 64;  // query rows per score tile
 // q(B,T,H,D), k and v (B,T,KV,D) → y(B,T,H,D) and lse(B,H,T); in bf16 the probabilities are rounded after their
 // normalisation, as the operand of P · V
 template <bool kBf16>
-void gqa_forward_in(int threads, float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
-                    int H, int KV, int D) {
+void gqa_forward_in(int threads, float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
+                    int KV, int D) {
   const int G = H / KV;  // query heads per key/value head
   const float scale = 1.0f / std::sqrt(float(D));
   const int qs = H * D, ks = KV * D;  // row strides of q, y and of k, v
@@ -33,15 +34,15 @@ void gqa_forward_in(int threads, float* y, float* lse, const float* q, const flo
 #pragma omp for schedule(static)
     for (int bh = 0; bh < pairs; ++bh) {
       const int b = bh / H, h = bh % H, kvh = h / G;
-      const float* qb = q + int64_t(b) * T * qs + int64_t(h) * D;    // (T,D), row stride H·D
-      const float* kb = k + int64_t(b) * T * ks + int64_t(kvh) * D;  // (T,D), row stride KV·D
-      const float* vb = v + int64_t(b) * T * ks + int64_t(kvh) * D;  // (T,D), row stride KV·D
+      const ConstAct qb = q.at(int64_t(b) * T * qs + int64_t(h) * D);    // (T,D), row stride H·D
+      const ConstAct kb = k.at(int64_t(b) * T * ks + int64_t(kvh) * D);  // (T,D), row stride KV·D
+      const ConstAct vb = v.at(int64_t(b) * T * ks + int64_t(kvh) * D);  // (T,D), row stride KV·D
       float* yb = y + int64_t(b) * T * qs + int64_t(h) * D;          // (T,D), row stride H·D
       float* lb = lse + int64_t(bh) * T;                             // (T)
       for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
         const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
         float* S = tile.data();  // (rows, i1): query rows [i0,i1) against keys [0,i1)
-        attention_product<kBf16>(false, true, rows, i1, D, scale, qb + int64_t(i0) * qs, qs, kb, ks, 0.f, S, i1);
+        attention_product<kBf16>(false, true, rows, i1, D, scale, qb.at(int64_t(i0) * qs), qs, kb, ks, 0.f, S, i1);
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           float* __restrict row = S + int64_t(r) * i1;
@@ -64,8 +65,8 @@ void gqa_forward_in(int threads, float* y, float* lse, const float* q, const flo
 // writes that group's dk and dv rows and the dq of its query heads, in a fixed order, so there are no races and the
 // bits do not depend on the thread count.
 template <bool kBf16>
-void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                     const float* v, const float* y, const float* lse, float* scratch, int B, int T, int H, int KV,
+void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                     ConstAct v, const float* y, const float* lse, float* scratch, int B, int T, int H, int KV,
                      int D) {
   const int G = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -78,8 +79,8 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
     const int b = bk / KV, kvh = bk % KV;
     float* P = scratch + size_t(omp_get_thread_num()) * 2 * tile;  // (rows, i1)
     float* dS = P + tile;                                           // (rows, i1): dP, then dS
-    const float* kb = k + int64_t(b) * T * ks + int64_t(kvh) * D;  // (T,D), row stride KV·D
-    const float* vb = v + int64_t(b) * T * ks + int64_t(kvh) * D;
+    const ConstAct kb = k.at(int64_t(b) * T * ks + int64_t(kvh) * D);  // (T,D), row stride KV·D
+    const ConstAct vb = v.at(int64_t(b) * T * ks + int64_t(kvh) * D);
     float* dkb = dk + int64_t(b) * T * ks + int64_t(kvh) * D;
     float* dvb = dv + int64_t(b) * T * ks + int64_t(kvh) * D;
     for (int t = 0; t < T; ++t) {
@@ -88,14 +89,14 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
     }
     for (int h = kvh * G; h < (kvh + 1) * G; ++h) {
       const int64_t off = int64_t(b) * T * qs + int64_t(h) * D;
-      const float* qb = q + off;    // (T,D), row stride H·D
+      const ConstAct qb = q.at(off);  // (T,D), row stride H·D
       const float* dyb = dy + off;  // (T,D)
       const float* yb = y + off;    // (T,D)
       float* dqb = dq + off;        // (T,D)
       const float* lb = lse + (int64_t(b) * H + h) * T;  // (T)
       for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
         const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
-        const float* Qblk = qb + int64_t(i0) * qs;    // (rows,D)
+        const ConstAct Qblk = qb.at(int64_t(i0) * qs);  // (rows,D)
         const float* dYblk = dyb + int64_t(i0) * qs;  // (rows,D)
         // P = exp(scale · Q_blk K[0:i1]^T − lse), zero above the diagonal (in bf16 the scale applied below)
         attention_product<kBf16>(false, true, rows, i1, D, kBf16 ? 1.f : scale, Qblk, qs, kb, ks, 0.f, P, i1);
@@ -129,6 +130,12 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
   }
 }
 
+// q, k and v at one width, bf16 only in bf16 matmul precision.
+void check_attention_inputs(const char* call, ConstAct q, ConstAct k, ConstAct v, Precision matmul) {
+  PIPER_CHECK(q.bf16 == k.bf16 && k.bf16 == v.bf16, call, ": q, k and v at different widths");
+  PIPER_CHECK(!q.bf16 || matmul == Precision::Bf16, call, ": bf16 q, k, v in fp32 matmul precision");
+}
+
 }  // namespace
 
 size_t CpuKernels::gqa_attention_scratch_floats(int, int T, int, int, int) const {
@@ -137,17 +144,19 @@ size_t CpuKernels::gqa_attention_scratch_floats(int, int T, int, int, int) const
 
 // bf16 matmul precision: every product through the bf16 gemm (cpu_attention.cpp says why), the scale applied to the
 // fp32 sums.
-void CpuKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
-                                       int T, int H, int KV, int D) {
+void CpuKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
+                                       int KV, int D) {
   if (B <= 0 || T <= 0 || H <= 0) return;
+  check_attention_inputs("gqa_attention_forward", q, k, v, matmul_);
   if (matmul_ == Precision::Bf16) gqa_forward_in<true>(threads_, y, lse, q, k, v, B, T, H, KV, D);
   else gqa_forward_in<false>(threads_, y, lse, q, k, v, B, T, H, KV, D);
 }
 
-void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
-                                        const float* k, const float* v, const float* y, const float* lse,
-                                        float* scratch, int B, int T, int H, int KV, int D) {
+void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                                        ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
+                                        int H, int KV, int D) {
   if (B <= 0 || T <= 0 || KV <= 0) return;
+  check_attention_inputs("gqa_attention_backward", q, k, v, matmul_);
   auto in = matmul_ == Precision::Bf16 ? gqa_backward_in<true> : gqa_backward_in<false>;
   in(threads_, dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D);
 }

@@ -84,19 +84,32 @@ void gemm_batched_bf16(cublasHandle_t h, bool trans_a, bool trans_b, int M, int 
 // Elements of bf16 workspace pieces, rounded up to 64 (128 bytes) so that the next piece is aligned.
 size_t aligned64(size_t n) { return (n + 63) / 64 * 64; }
 
-// attention_forward in bf16 matmul precision: qkv rounded to bf16 once (the stream's workspace holds it and one
+// An operand of n elements as bf16 bits: a bf16 activation as it is, fp32 rounded into `room`.
+const uint16_t* rounded_once(uint16_t* room, ConstAct a, size_t n, CudaStream& stream) {
+  if (a.bf16) return a.bits();
+  cuda::to_bf16(room, a.f32(), n, stream.stream());
+  return room;
+}
+
+// fp32 copies of q, k, v (or dy) as bf16 values: fp32 rounded, bf16 widened (exact).
+void rounded_f32(float* dst, ConstAct a, size_t n, cudaStream_t s) {
+  if (a.bf16) cuda::from_bf16(dst, a.bits(), n, s);
+  else cuda::round_bf16(dst, a.f32(), n, s);
+}
+
+// attention_forward in bf16 matmul precision: qkv rounded to bf16 once (unless it is bf16 already) (the stream's workspace holds it and one
 // sample's probabilities, (B,T,3C) + (NH,T,T) bf16), S = scale · q kᵀ, the fp32 softmax in att, y = P v with P
 // rounded sample by sample.
-void attention_forward_bf16(CudaStream& stream, float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward_bf16(CudaStream& stream, float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
   cublasHandle_t h = stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int C3 = 3 * C;
   const long long TT = (long long)T * T;
   const size_t n_qkv = size_t(B) * T * C3, n_p = size_t(NH) * TT;
-  auto* qkv16 = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + n_p)));
-  uint16_t* p16 = qkv16 + aligned64(n_qkv);  // (NH,T,T) of one sample
-  cuda::to_bf16(qkv16, qkv, n_qkv, stream.stream());
+  auto* ws = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + n_p)));
+  uint16_t* p16 = ws + aligned64(n_qkv);  // (NH,T,T) of one sample
+  const uint16_t* qkv16 = rounded_once(ws, qkv, n_qkv, stream);
   for (int b = 0; b < B; ++b) {
     const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
     const uint16_t* k = q + C;
@@ -112,9 +125,9 @@ void attention_forward_bf16(CudaStream& stream, float* y, float* att, const floa
   }
 }
 
-// attention_backward in bf16 matmul precision: qkv and dy rounded once, P and dS of one sample at a time (the
+// attention_backward in bf16 matmul precision: qkv (unless bf16 already) and dy rounded once, P and dS of one sample at a time (the
 // workspace: (B,T,3C) + (B,T,C) + 2 (NH,T,T) bf16); dS = P ⊙ (dP − Σ P dP) from the fp32 P and dP.
-void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, const float* qkv, const float* att,
+void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, ConstAct qkv, const float* att,
                              float* scratch, int B, int T, int C, int NH) {
   cublasHandle_t h = stream.blas();
   const int hd = C / NH;
@@ -122,12 +135,12 @@ void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, c
   const int C3 = 3 * C;
   const long long TT = (long long)T * T;
   const size_t n_qkv = size_t(B) * T * C3, n_dy = size_t(B) * T * C, n_p = size_t(NH) * TT;
-  auto* qkv16 = static_cast<uint16_t*>(
+  auto* ws = static_cast<uint16_t*>(
       stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + aligned64(n_dy) + aligned64(n_p) + n_p)));
-  uint16_t* dy16 = qkv16 + aligned64(n_qkv);  // (B,T,C)
-  uint16_t* p16 = dy16 + aligned64(n_dy);     // (NH,T,T) of one sample
-  uint16_t* ds16 = p16 + aligned64(n_p);      // (NH,T,T) of one sample
-  cuda::to_bf16(qkv16, qkv, n_qkv, stream.stream());
+  uint16_t* dy16 = ws + aligned64(n_qkv);  // (B,T,C)
+  uint16_t* p16 = dy16 + aligned64(n_dy);  // (NH,T,T) of one sample
+  uint16_t* ds16 = p16 + aligned64(n_p);   // (NH,T,T) of one sample
+  const uint16_t* qkv16 = rounded_once(ws, qkv, n_qkv, stream);
   cuda::to_bf16(dy16, dy, n_dy, stream.stream());
   float* dP = scratch;  // (NH,T,T): dP, then dS in place
   for (int b = 0; b < B; ++b) {
@@ -343,9 +356,11 @@ void CudaKernels::layernorm_backward_weight(float* dw, float* db, const float* d
   cuda::layernorm_backward_weight(dw, db, dy, x, mean, rstd, N, C, accumulate, partial, t.stream.stream());
 }
 
-void CudaKernels::attention_forward(float* y, float* att, const float* qkv, int B, int T, int C, int NH) {
+void CudaKernels::attention_forward(float* y, float* att, ConstAct qkv_act, int B, int T, int C, int NH) {
   Target t = target();
-  if (matmul_ == Precision::Bf16) return attention_forward_bf16(t.stream, y, att, qkv, B, T, C, NH);
+  if (matmul_ == Precision::Bf16) return attention_forward_bf16(t.stream, y, att, qkv_act, B, T, C, NH);
+  PIPER_CHECK(!qkv_act.bf16, "attention_forward: a bf16 qkv in fp32 matmul precision");
+  const float* qkv = qkv_act.f32();
   cublasHandle_t h = t.stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -371,10 +386,13 @@ size_t CudaKernels::attention_scratch_floats(int, int T, int, int NH) const {
   return size_t(NH) * T * T;  // dP, then dS, of one sample's heads; samples take turns
 }
 
-void CudaKernels::attention_backward(float* dqkv, const float* dy, const float* qkv, const float* att, float* scratch,
+void CudaKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv_act, const float* att, float* scratch,
                                      int B, int T, int C, int NH) {
   Target t = target();
-  if (matmul_ == Precision::Bf16) return attention_backward_bf16(t.stream, dqkv, dy, qkv, att, scratch, B, T, C, NH);
+  if (matmul_ == Precision::Bf16)
+    return attention_backward_bf16(t.stream, dqkv, dy, qkv_act, att, scratch, B, T, C, NH);
+  PIPER_CHECK(!qkv_act.bf16, "attention_backward: a bf16 qkv in fp32 matmul precision");
+  const float* qkv = qkv_act.f32();
   cublasHandle_t h = t.stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -438,8 +456,8 @@ void CudaKernels::rope(float* x, int B, int T, int H, int D, float theta, bool i
   cuda::rope(x, B, T, H, D, theta, inverse, table, t.stream.stream());
 }
 
-void CudaKernels::gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B,
-                                        int T, int H, int KV, int D) {
+void CudaKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
+                                        int H, int KV, int D) {
   Target t = target();
   if (matmul_ == Precision::Bf16) {
     if (cuda::gqa_attention_bf16_supported(D)) {
@@ -452,22 +470,23 @@ void CudaKernels::gqa_attention_forward(float* y, float* lse, const float* q, co
     auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, nq + 2 * nk)));
     float* rk = rq + nq;
     float* rv = rk + nk;
-    cuda::round_bf16(rq, q, nq, t.stream.stream());
-    cuda::round_bf16(rk, k, nk, t.stream.stream());
-    cuda::round_bf16(rv, v, nk, t.stream.stream());
+    rounded_f32(rq, q, nq, t.stream.stream());
+    rounded_f32(rk, k, nk, t.stream.stream());
+    rounded_f32(rv, v, nk, t.stream.stream());
     cuda::gqa_attention_forward(y, lse, rq, rk, rv, B, T, H, KV, D, t.stream.stream());
     return;
   }
-  cuda::gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D, t.stream.stream());
+  PIPER_CHECK(!q.bf16 && !k.bf16 && !v.bf16, "gqa_attention_forward: bf16 q, k, v in fp32 matmul precision");
+  cuda::gqa_attention_forward(y, lse, q.f32(), k.f32(), v.f32(), B, T, H, KV, D, t.stream.stream());
 }
 
 size_t CudaKernels::gqa_attention_scratch_floats(int B, int T, int H, int, int) const {
   return size_t(B) * H * T;  // dy · y of every query row
 }
 
-void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q,
-                                         const float* k, const float* v, const float* y, const float* lse,
-                                         float* scratch, int B, int T, int H, int KV, int D) {
+void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                                         ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
+                                         int H, int KV, int D) {
   Target t = target();
   if (matmul_ == Precision::Bf16) {
     if (cuda::gqa_attention_bf16_supported(D)) {
@@ -481,14 +500,16 @@ void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const 
     float* rdy = rq + nq;
     float* rk = rdy + nq;
     float* rv = rk + nk;
-    cuda::round_bf16(rq, q, nq, t.stream.stream());
+    rounded_f32(rq, q, nq, t.stream.stream());
     cuda::round_bf16(rdy, dy, nq, t.stream.stream());
-    cuda::round_bf16(rk, k, nk, t.stream.stream());
-    cuda::round_bf16(rv, v, nk, t.stream.stream());
+    rounded_f32(rk, k, nk, t.stream.stream());
+    rounded_f32(rv, v, nk, t.stream.stream());
     cuda::gqa_attention_backward(dq, dk, dv, rdy, rq, rk, rv, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
     return;
   }
-  cuda::gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
+  PIPER_CHECK(!q.bf16 && !k.bf16 && !v.bf16, "gqa_attention_backward: bf16 q, k, v in fp32 matmul precision");
+  cuda::gqa_attention_backward(dq, dk, dv, dy, q.f32(), k.f32(), v.f32(), y, lse, scratch, B, T, H, KV, D,
+                               t.stream.stream());
 }
 
 void CudaKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {

@@ -90,12 +90,13 @@ void gqa_attention_drow(float* drow, const float* dy, const float* y, int B, int
 bool gqa_attention_bf16_supported(int D);
 // As gqa_attention_forward with every product on bf16 operands (wmma, fp32 accumulators): S = q·kᵀ of rounded q, k;
 // the fp32 online softmax's exp(s − running max) rounded for P·v with v rounded. D: gqa_attention_bf16_supported.
-void gqa_attention_forward_bf16(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
+// q, k, v: fp32 (rounded as they are loaded) or bf16 activations (loaded as they are), all three at one width.
+void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
                                 int H, int KV, int D, cudaStream_t s);
 // As gqa_attention_backward with q, k, v, dy and the recomputed P and dS rounded as the products' operands; dk, dv
 // without atomics (deterministic). drow: B·H·T floats of scratch.
-void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                                 const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
+void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                                 ConstAct v, const float* y, const float* lse, float* drow, int B, int T, int H,
                                  int KV, int D, cudaStream_t s);
 // dst(n) = src rounded to bf16 (nearest, ties to even), kept as fp32; dst may be src
 void round_bf16(float* dst, const float* src, size_t n, cudaStream_t s);

@@ -1,5 +1,5 @@
-// Causal grouped-query attention of a bf16 run's matmul precision on tensor cores: q, k, v, dy rounded to bf16 into
-// shared memory, every product nvcuda::wmma 16×16×16 with fp32 accumulators; softmax and its statistics in fp32.
+// Causal grouped-query attention of a bf16 run's matmul precision on tensor cores: q, k, v (fp32 rounded, or bf16
+// activations as they are) and dy rounded to bf16 into shared memory, every product nvcuda::wmma 16×16×16 with fp32 accumulators; softmax and its statistics in fp32.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -62,14 +62,18 @@ __device__ inline void two_products_abt(float* out1, float* out2, const bf16* a1
   }
 }
 
-// dst(n, ld) bf16, Dp = padded(D) columns = rows [r0, r0 + n) of a (T, D) fp32 view with row stride `stride`,
-// rounded to nearest even; rows past T and columns past D are zero. The whole block copies.
-__device__ inline void load_rows_bf16(bf16* dst, int ld, const float* src, int64_t stride, int r0, int n, int T,
-                                      int D) {
+// An element as a bf16 operand: fp32 rounded to nearest even, bf16 as it is.
+__device__ inline bf16 as_bf16(float x) { return __float2bfloat16_rn(x); }
+__device__ inline bf16 as_bf16(bf16 x) { return x; }
+
+// dst(n, ld) bf16, Dp = padded(D) columns = rows [r0, r0 + n) of a (T, D) view (fp32 or bf16) with row stride
+// `stride`, fp32 rounded to nearest even; rows past T and columns past D are zero. The whole block copies.
+template <typename In>
+__device__ inline void load_rows_bf16(bf16* dst, int ld, const In* src, int64_t stride, int r0, int n, int T, int D) {
   const int Dp = padded(D);
   for (int e = threadIdx.x; e < n * Dp; e += blockDim.x) {
     const int r = e / Dp, c = e % Dp;
-    dst[r * ld + c] = __float2bfloat16_rn(r0 + r < T && c < D ? src[int64_t(r0 + r) * stride + c] : 0.f);
+    dst[r * ld + c] = r0 + r < T && c < D ? as_bf16(src[int64_t(r0 + r) * stride + c]) : __float2bfloat16_rn(0.f);
   }
 }
 
@@ -110,9 +114,10 @@ struct ForwardSmem {
 // [j0, j0 + 64), j0 ≤ the block's last row, as flash attention: S = Q Kᵀ (wmma), then row by row the fp32 running
 // max m and sum l (each lane two keys), P̃ = exp(scale·s − m) rounded to bf16, O ← O·exp(m_old − m) + P̃ V (wmma).
 // y(B,T,H,D) = O / l and lse(B,H,T) = m + log l, as gqa_forward_kernel's contract.
+template <typename In>
 __global__ void __launch_bounds__(kWarps * 32)
-    gqa_forward_bf16_kernel(float* y, float* lse, const float* q, const float* k, const float* v, int T, int H,
-                            int KV, int D, float scale) {
+    gqa_forward_bf16_kernel(float* y, float* lse, const In* q, const In* k, const In* v, int T, int H, int KV, int D,
+                            float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const ForwardSmem L(D);
   const int Dp = padded(D);  // the columns of the shared tiles, D and zeros
@@ -127,8 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (H / KV);
   const int i0 = blockIdx.x * kBlockRows, r0 = warp * 16;  // the block's first row; the warp's first in the block
   const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const float* kb = k + head_offset(b, kvh, T, KV, D);
-  const float* vb = v + head_offset(b, kvh, T, KV, D);
+  const In* kb = k + head_offset(b, kvh, T, KV, D);
+  const In* vb = v + head_offset(b, kvh, T, KV, D);
   load_rows_bf16(qs, ldh, q + head_offset(b, h, T, H, D), qstride, i0, kBlockRows, T, D);
   zero_rows(os, ldo, kBlockRows, Dp);
   float m_run[16], l_run[16];  // the warp's rows: running max and sum (every lane holds them)
@@ -229,8 +234,9 @@ struct DqSmem {
 // Like the forward: block per (64 query rows, head, sequence), warp per 16 rows, key tiles j0 ≤ the last row.
 // S = Q Kᵀ and dP = dY Vᵀ (wmma); P = exp(scale·s − lse), dS = P (dP − drow) in fp32, rounded; dq += dS K (wmma).
 // dq(B,T,H,D) = scale · the sum. Keys in tile order: deterministic.
+template <typename In>
 __global__ void __launch_bounds__(kWarps * 32)
-    gqa_dq_bf16_kernel(float* dq, const float* dy, const float* q, const float* k, const float* v, const float* lse,
+    gqa_dq_bf16_kernel(float* dq, const float* dy, const In* q, const In* k, const In* v, const float* lse,
                        const float* drow, int T, int H, int KV, int D, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const DqSmem L(D);
@@ -249,8 +255,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int i0 = blockIdx.x * kBlockRows, r0 = warp * 16;
   const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
   const int64_t qoff = head_offset(b, h, T, H, D);
-  const float* kb = k + head_offset(b, kvh, T, KV, D);
-  const float* vb = v + head_offset(b, kvh, T, KV, D);
+  const In* kb = k + head_offset(b, kvh, T, KV, D);
+  const In* vb = v + head_offset(b, kvh, T, KV, D);
   load_rows_bf16(qs, ldh, q + qoff, qstride, i0, kBlockRows, T, D);
   load_rows_bf16(gs, ldh, dy + qoff, qstride, i0, kBlockRows, T, D);
   zero_rows(accs, lda, kBlockRows, Dp);
@@ -336,8 +342,9 @@ struct DkdvSmem {
 // the group in order and each query tile [i0, i0 + 32) with i0 ≥ j0 (the block's keys are seen from j0 on), in the
 // transposed orientation: Sᵀ = K Qᵀ and dPᵀ = V dYᵀ (wmma); Pᵀ = exp(scale·s − lse_i), dSᵀ = Pᵀ (dPᵀ − drow_i) in
 // fp32, rounded; dv += Pᵀ dY, dk += dSᵀ Q (wmma). dk = scale · the sum. Fixed order, no atomics: deterministic.
+template <typename In>
 __global__ void __launch_bounds__(kWarps * 32)
-    gqa_dkdv_bf16_kernel(float* dk, float* dv, const float* dy, const float* q, const float* k, const float* v,
+    gqa_dkdv_bf16_kernel(float* dk, float* dv, const float* dy, const In* q, const In* k, const In* v,
                          const float* lse, const float* drow, int T, int H, int KV, int D, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const DkdvSmem L(D);
@@ -462,19 +469,35 @@ void round_bf16(float* dst, const float* src, size_t n, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-void gqa_attention_forward_bf16(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T,
-                                int H, int KV, int D, cudaStream_t s) {
+namespace {
+
+// The element type of q, k, v (one width for the three): bf16 bits or fp32.
+bool bf16_inputs(ConstAct q, ConstAct k, ConstAct v) {
+  PIPER_CHECK(q.bf16 == k.bf16 && k.bf16 == v.bf16, "bf16 gqa attention: q, k and v at different widths");
+  return q.bf16;
+}
+const bf16* bf16_of(ConstAct a) { return reinterpret_cast<const bf16*>(a.bits()); }
+
+}  // namespace
+
+void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
+                                int KV, int D, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(gqa_attention_bf16_supported(D), "bf16 gqa attention: head dimension ", D, " is not in [1, ", kMaxD,
               "]");
   check_grid(B, H);
   const dim3 grid((T + kBlockRows - 1) / kBlockRows, H, B);
-  launch(gqa_forward_bf16_kernel, grid, ForwardSmem(D).bytes, s, y, lse, q, k, v, T, H, KV, D,
-         1.0f / sqrtf(float(D)));
+  const float scale = 1.0f / sqrtf(float(D));
+  if (bf16_inputs(q, k, v))
+    launch(gqa_forward_bf16_kernel<bf16>, grid, ForwardSmem(D).bytes, s, y, lse, bf16_of(q), bf16_of(k), bf16_of(v),
+           T, H, KV, D, scale);
+  else
+    launch(gqa_forward_bf16_kernel<float>, grid, ForwardSmem(D).bytes, s, y, lse, q.f32(), k.f32(), v.f32(), T, H,
+           KV, D, scale);
 }
 
-void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                                 const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
+void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
+                                 ConstAct v, const float* y, const float* lse, float* drow, int B, int T, int H,
                                  int KV, int D, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(gqa_attention_bf16_supported(D), "bf16 gqa attention: head dimension ", D, " is not in [1, ", kMaxD,
@@ -482,10 +505,19 @@ void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* d
   check_grid(B, H);
   const float scale = 1.0f / sqrtf(float(D));
   gqa_attention_drow(drow, dy, y, B, T, H, D, s);  // dy · y of every query row, in fp32
-  launch(gqa_dq_bf16_kernel, dim3((T + kBlockRows - 1) / kBlockRows, H, B), DqSmem(D).bytes, s, dq, dy, q, k, v,
-         lse, static_cast<const float*>(drow), T, H, KV, D, scale);
-  launch(gqa_dkdv_bf16_kernel, dim3((T + kBlockRows - 1) / kBlockRows, KV, B), DkdvSmem(D).bytes, s, dk, dv, dy, q,
-         k, v, lse, static_cast<const float*>(drow), T, H, KV, D, scale);
+  const dim3 dq_grid((T + kBlockRows - 1) / kBlockRows, H, B), dkdv_grid((T + kBlockRows - 1) / kBlockRows, KV, B);
+  const float* rows = drow;
+  if (bf16_inputs(q, k, v)) {
+    launch(gqa_dq_bf16_kernel<bf16>, dq_grid, DqSmem(D).bytes, s, dq, dy, bf16_of(q), bf16_of(k), bf16_of(v), lse,
+           rows, T, H, KV, D, scale);
+    launch(gqa_dkdv_bf16_kernel<bf16>, dkdv_grid, DkdvSmem(D).bytes, s, dk, dv, dy, bf16_of(q), bf16_of(k),
+           bf16_of(v), lse, rows, T, H, KV, D, scale);
+  } else {
+    launch(gqa_dq_bf16_kernel<float>, dq_grid, DqSmem(D).bytes, s, dq, dy, q.f32(), k.f32(), v.f32(), lse, rows, T,
+           H, KV, D, scale);
+    launch(gqa_dkdv_bf16_kernel<float>, dkdv_grid, DkdvSmem(D).bytes, s, dk, dv, dy, q.f32(), k.f32(), v.f32(), lse,
+           rows, T, H, KV, D, scale);
+  }
 }
 
 }  // namespace piper::cuda

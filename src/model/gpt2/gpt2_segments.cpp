@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "model/act_output.hpp"
 #include "model/stash_carver.hpp"
 #include "model/vocab_shard.hpp"
 #include "util/error.hpp"
@@ -81,14 +82,14 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
 // Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
 // keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
 struct AttentionStash {
-  float *ln1_mean, *ln1_rstd, *qkv, *att, *atty;
-  Act ln1;  // read by matmuls alone
+  float *ln1_mean, *ln1_rstd, *att, *atty;
+  Act ln1, qkv;  // read by products alone (qkv by the attention's)
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
     ln1_mean = c.keep_exact(s.n);                      // (n)
     ln1_rstd = c.keep_exact(s.n);                      // (n)
-    qkv = c.keep<float>(int64_t(s.n) * 3 * s.A);    // (n,3A): this rank's q, k, v
+    qkv = c.keep_act(int64_t(s.n) * 3 * s.A, s.bf16);  // (n,3A): this rank's q, k, v
     c.tail_act(ln1, int64_t(s.n) * s.C, s.bf16);    // (n,C)
     c.tail(att, int64_t(s.b) * s.H * s.T * s.T);    // (b,H,T,T)
     c.tail(atty, int64_t(s.n) * s.A);               // (n,A)
@@ -124,7 +125,8 @@ SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
-  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.A * f;  // fused backward: wstash + d(atty)
+  // fused backward: wstash + d(atty); the forward's fp32 qkv before it is rounded (bf16) fits in it
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.A * f;
   return z;
 }
 
@@ -134,7 +136,7 @@ void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
   const float* const* w = io.w;
   const bool first = io.shard == 0;  // adds the bias after the split product, and the residual
   k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, w[kLn1W], w[kLn1B], s.n, s.C);  // (n,C)
-  k.linear_forward(st.qkv, st.ln1, w[kQkvW], w[kQkvB], s.n, s.C, 3 * s.A);                       // (n,3A)
+  linear_into(k, st.qkv, io.workspace, st.ln1, w[kQkvW], w[kQkvB], s.n, s.C, 3 * s.A);          // (n,3A)
   k.attention_forward(st.atty, st.att, st.qkv, s.b, s.T, s.A, s.H);                             // (n,A)
   k.linear_forward(io.out, st.atty, w[kAttnProjW], first ? w[kAttnProjB] : nullptr, s.n, s.A, s.C);  // partial
   if (first) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                   // residual

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "model/act_output.hpp"
 #include "model/stash_carver.hpp"
 #include "model/vocab_shard.hpp"
 #include "util/error.hpp"
@@ -76,8 +77,9 @@ ParamSplit embed_tp_split(const ModelDims& d, int, int k) {
 // RoPE, v, the attention output and the log-sum-exp of each query row. Selective recompute keeps the products
 // (projections, attention output) and recomputes the normed input and, with qk_norm, q and k from q_pre, k_pre.
 struct AttentionStash {
-  float *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *q, *k, *v, *y, *lse;
-  Act h;  // read by matmuls alone
+  float *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *y, *lse;
+  Act h;        // read by matmuls alone
+  Act q, k, v;  // read by the attention's products alone
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
@@ -86,16 +88,16 @@ struct AttentionStash {
     q_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.H) : nullptr;   // (n,H)
     k_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KD) : nullptr;  // (n,KV,D)
     k_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.KV) : nullptr;  // (n,KV)
-    v = c.keep<float>(int64_t(s.n) * s.KD);                             // (b,T,KV,D)
+    v = c.keep_act(int64_t(s.n) * s.KD, s.bf16);                        // (b,T,KV,D)
     y = c.keep<float>(int64_t(s.n) * s.QD);                             // (b,T,H,D)
     lse = c.keep_exact(int64_t(s.b) * s.H * s.T);                       // (b,H,T)
     c.tail_act(h, int64_t(s.n) * s.C, s.bf16);                          // (n,C)
     if (s.qk_norm) {  // norm and RoPE of the kept projections
-      c.tail(q, int64_t(s.n) * s.QD);                                   // (b,T,H,D)
-      c.tail(k, int64_t(s.n) * s.KD);                                   // (b,T,KV,D)
+      c.tail_act(q, int64_t(s.n) * s.QD, s.bf16);                       // (b,T,H,D)
+      c.tail_act(k, int64_t(s.n) * s.KD, s.bf16);                       // (b,T,KV,D)
     } else {          // the projections themselves, after RoPE
-      q = c.keep<float>(int64_t(s.n) * s.QD);
-      k = c.keep<float>(int64_t(s.n) * s.KD);
+      q = c.keep_act(int64_t(s.n) * s.QD, s.bf16);
+      k = c.keep_act(int64_t(s.n) * s.KD, s.bf16);
     }
     c.finish();
     bytes = c.bytes();
@@ -149,18 +151,27 @@ SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
-  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.QD * f;  // fused backward: wstash + d(attention output)
+  // fused backward: wstash + d(attention output); the forward's fp32 q, k or v before it is rounded (bf16) fits in it
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.QD * f;
   return z;
+}
+
+// q or k (b,T,heads,D) rotated by RoPE where it was computed (fp32_room), then settled into its activation.
+void rotate_into(Kernels& k, Act dst, float* x, const Shape& s, int heads) {
+  k.rope(x, s.b, s.T, heads, s.D, s.theta, false);
+  settle(k, dst, x, size_t(s.n) * size_t(heads) * size_t(s.D));
 }
 
 // The normed input, and with qk_norm q and k from their projections: the forward's cheap part, again.
 void attention_norms(Kernels& k, const Shape& s, const AttentionStash& st, const SegmentIO& io) {
   const float* const* w = io.w;
   if (!s.qk_norm) return;
-  k.rmsnorm_forward(st.q, st.q_rstd, st.q_pre, w[kQNorm], s.n * s.H, s.D, s.eps);    // per head (n·H,D)
-  k.rmsnorm_forward(st.k, st.k_rstd, st.k_pre, w[kKNorm], s.n * s.KV, s.D, s.eps);   // (n·KV,D)
-  k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
-  k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
+  float* q = fp32_room(st.q, io.workspace);
+  k.rmsnorm_forward(q, st.q_rstd, st.q_pre, w[kQNorm], s.n * s.H, s.D, s.eps);      // per head (n·H,D)
+  rotate_into(k, st.q, q, s, s.H);
+  float* kk = fp32_room(st.k, io.workspace);
+  k.rmsnorm_forward(kk, st.k_rstd, st.k_pre, w[kKNorm], s.n * s.KV, s.D, s.eps);   // (n·KV,D)
+  rotate_into(k, st.k, kk, s, s.KV);
 }
 
 void attention_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -181,12 +192,14 @@ void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
     k.linear_forward(st.k_pre, st.h, wk, nullptr, s.n, s.C, s.KD);                     // (n,KD)
     attention_norms(k, s, st, io);                                                     // q, k normed and rotated
   } else {
-    k.linear_forward(st.q, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);
-    k.linear_forward(st.k, st.h, wk, nullptr, s.n, s.C, s.KD);
-    k.rope(st.q, s.b, s.T, s.H, s.D, s.theta, false);
-    k.rope(st.k, s.b, s.T, s.KV, s.D, s.theta, false);
+    float* q = fp32_room(st.q, io.workspace);
+    k.linear_forward(q, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);                    // (n,QD)
+    rotate_into(k, st.q, q, s, s.H);
+    float* kk = fp32_room(st.k, io.workspace);
+    k.linear_forward(kk, st.h, wk, nullptr, s.n, s.C, s.KD);                          // (n,KD)
+    rotate_into(k, st.k, kk, s, s.KV);
   }
-  k.linear_forward(st.v, st.h, wv, nullptr, s.n, s.C, s.KD);                          // (n,KD)
+  linear_into(k, st.v, io.workspace, st.h, wv, nullptr, s.n, s.C, s.KD);              // (n,KD)
   k.gqa_attention_forward(st.y, st.lse, st.q, st.k, st.v, s.b, s.T, s.H, s.KV, s.D);  // (b,T,H,D)
   k.linear_forward(io.out, st.y, w[kOProj], nullptr, s.n, s.QD, s.C);                 // (n,C), partial
   if (io.shard == 0) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                  // residual
