@@ -82,13 +82,16 @@ def cpu_line():
 
 
 def instruction_ceiling(build, threads):
-    """bench/fma_peak's line: the processor's bf16 dot-product rate against its fp32 FMA rate, no memory."""
+    """bench/fma_peak's line: the processor's bf16 dot-product and AMX tile rates against its fp32 FMA rate."""
     exe = os.path.join(os.path.abspath(build), "bench", "fma_peak")
     if not os.path.exists(exe):
         return "fma_peak not built"
     text = subprocess.run([exe, "--threads", str(threads)], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"fp32_gflops=(\S+) bf16_gflops=(\S+) ratio=(\S+)", text)
-    return f"fp32 FMA {m.group(1)} GFLOP/s, bf16 dot {m.group(2)} GFLOP/s, bf16 / fp32 {m.group(3)}" if m else text
+    m = re.search(r"fp32_gflops=(\S+) bf16_gflops=(\S+) ratio=(\S+) amx_gflops=(\S+) amx_ratio=(\S+)", text)
+    if not m:
+        return text
+    return (f"fp32 FMA {m.group(1)} GFLOP/s, bf16 dot {m.group(2)} GFLOP/s (/ fp32 {m.group(3)}), "
+            f"AMX bf16 tiles {m.group(4)} GFLOP/s (/ fp32 {m.group(5)})")
 
 
 def throughput(a, piper, py, out):

@@ -1,9 +1,11 @@
 // fma_peak: this processor's instruction-rate ceiling for fp32 and bf16 matmuls: 512-bit fp32 FMA
-// (vfmadd) against the AVX512-BF16 dot product (vdpbf16ps), on T threads, every register busy, no memory.
-// Prints: RESULT fma_peak threads=T fp32_gflops=F bf16_gflops=B ratio=R (bf16 "none" without the instruction).
+// (vfmadd) against the AVX512-BF16 dot product (vdpbf16ps) and AMX's bf16 tile product (tdpbf16ps), on T threads,
+// every register (or tile) busy, no memory. Prints: RESULT fma_peak threads=T fp32_gflops=F bf16_gflops=B ratio=R
+// amx_gflops=A amx_ratio=X ("none" without the instruction, or where Linux refuses AMX's tile state).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -12,6 +14,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace {
@@ -72,6 +76,48 @@ __attribute__((target("avx512f,avx512bf16"))) void bf16_dot(long n) {
   PIPER_EACH12(PIPER_ADD)
   g_sink = lane_sum(s);
 }
+
+// AMX: 64-byte tile configuration (palette 1), every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Linux hands a process AMX's tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
+bool amx_permitted() {
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// Four independent fp32 accumulator tiles C(16,16) += A(16,32) · B(32,16) in bf16: 4 × 16·16·32 × 2 FLOP an
+// iteration.
+__attribute__((target("amx-tile,amx-bf16"))) void amx_dot(long n) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  alignas(64) uint16_t ab[16 * 32];
+  alignas(64) float c[16 * 16] = {};
+  for (uint16_t& x : ab) x = 0x3a83;  // 1e-3
+  _tile_loadconfig(&cfg);
+  _tile_loadd(0, c, 64);
+  _tile_loadd(1, c, 64);
+  _tile_loadd(2, c, 64);
+  _tile_loadd(3, c, 64);
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  for (long k = 0; k < n; ++k) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_release();
+  g_sink = c[0];
+}
 #endif
 
 void usage() {
@@ -106,7 +152,9 @@ int main(int argc, char** argv) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx512f")) {
-    std::printf("RESULT fma_peak threads=%d fp32_gflops=none bf16_gflops=none ratio=none (no AVX-512)\n", threads);
+    std::printf("RESULT fma_peak threads=%d fp32_gflops=none bf16_gflops=none ratio=none amx_gflops=none "
+                "amx_ratio=none (no AVX-512)\n",
+                threads);
     return 0;
   }
   const bool bf16 = __builtin_cpu_supports("avx512bf16");
@@ -117,14 +165,22 @@ int main(int argc, char** argv) {
       bf16_best =
           std::max(bf16_best, 12.0 * 64 * double(iterations) * threads / seconds(bf16_dot, iterations, threads));
   }
+  const bool amx = __builtin_cpu_supports("amx-bf16") && amx_permitted();
+  double amx_best = 0;
+  for (int r = 0; amx && r < reps; ++r) {
+    const long n = std::max(1L, iterations / 8);  // a tile product does 32× the work of a vector one
+    amx_best = std::max(amx_best, 65536.0 * double(n) * threads / seconds(amx_dot, n, threads));
+  }
+  char bf16_text[64] = "bf16_gflops=none ratio=none", amx_text[64] = "amx_gflops=none amx_ratio=none";
   if (bf16)
-    std::printf("RESULT fma_peak threads=%d fp32_gflops=%.1f bf16_gflops=%.1f ratio=%.2f\n", threads, fp32_best / 1e9,
-                bf16_best / 1e9, bf16_best / fp32_best);
-  else
-    std::printf("RESULT fma_peak threads=%d fp32_gflops=%.1f bf16_gflops=none ratio=none (no AVX512-BF16)\n",
-                threads, fp32_best / 1e9);
+    std::snprintf(bf16_text, sizeof bf16_text, "bf16_gflops=%.1f ratio=%.2f", bf16_best / 1e9, bf16_best / fp32_best);
+  if (amx)
+    std::snprintf(amx_text, sizeof amx_text, "amx_gflops=%.1f amx_ratio=%.2f", amx_best / 1e9, amx_best / fp32_best);
+  std::printf("RESULT fma_peak threads=%d fp32_gflops=%.1f %s %s\n", threads, fp32_best / 1e9, bf16_text, amx_text);
 #else
-  std::printf("RESULT fma_peak threads=%d fp32_gflops=none bf16_gflops=none ratio=none (not x86-64)\n", threads);
+  std::printf("RESULT fma_peak threads=%d fp32_gflops=none bf16_gflops=none ratio=none amx_gflops=none "
+              "amx_ratio=none (not x86-64)\n",
+              threads);
 #endif
   return 0;
 }

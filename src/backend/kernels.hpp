@@ -132,13 +132,14 @@ class Kernels {
   // sum (grouped-query attention on CUDA, head dimensions up to 128; above, the fp32 kernels on rounded q, k, v, dy,
   // which leave P and dS unrounded). The scratch sizes do not depend on the precision. In fp32 nothing changes.
   // There qkv, or q, k and v, may be bf16 activations (all three at one width): the products read them as they
-  // are, the same bits as rounding them in the call.
+  // are, the same bits as rounding them in the call. GPT-2's att may be one too: the forward writes P rounded (the
+  // operand P·V reads), and the backward reads it so, widened for dS (as a stash held in bf16 gives it back).
   //
   // Causal multi-head self-attention. qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) keeps the probabilities.
-  virtual void attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) = 0;
   // dqkv(B,T,3C) = backward of attention given dy(B,T,C). scratch: attention_scratch_floats(...) floats.
-  virtual void attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att, float* scratch,
-                                  int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att, float* scratch, int B,
+                                  int T, int C, int NH) = 0;
   virtual size_t attention_scratch_floats(int B, int T, int C, int NH) const = 0;
 
   // x(B,T,C) = wte[tok] + wpe[t]; tok(B,T).

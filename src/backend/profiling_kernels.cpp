@@ -127,10 +127,10 @@ void ProfilingKernels::layernorm_backward_weight(float* dw, float* db, const flo
   timed("layernorm_backward_weight",
         [&] { k_.layernorm_backward_weight(dw, db, dy, x, mean, rstd, N, C, accumulate); });
 }
-void ProfilingKernels::attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
+void ProfilingKernels::attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) {
   timed("attention_forward", [&] { k_.attention_forward(y, att, qkv, B, T, C, NH); });
 }
-void ProfilingKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att,
+void ProfilingKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att,
                                           float* scratch, int B, int T, int C, int NH) {
   timed("attention_backward", [&] { k_.attention_backward(dqkv, dy, qkv, att, scratch, B, T, C, NH); });
 }

@@ -56,8 +56,8 @@ class ProfilingKernels : public Kernels {
                                 const float* w, int N, int C, bool accumulate) override;
   void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                  const float* rstd, int N, int C, bool accumulate) override;
-  void attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) override;
-  void attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att, float* scratch, int B,
+  void attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) override;
+  void attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att, float* scratch, int B,
                           int T, int C, int NH) override;
   size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
     return k_.attention_scratch_floats(B, T, C, NH);

@@ -457,6 +457,72 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
        })});
 }
 
+// `name` (n values) rounded to bf16 in place: to bf16 and back.
+void round_in_place(Kernels& k, Buffers& b, const std::string& name, size_t n) {
+  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+  k.to_bf16(held, b.f(name), n);
+  k.from_bf16(b.f(name), held, n);
+}
+
+// GPT-2 attention with its probabilities att held in bf16 (a bf16 run's stash): the forward writes P rounded, the
+// backward reads it so; each the same bits as the fp32-att call with att rounded after (forward) or before
+// (backward). CUDA against the CPU: y and dqkv as the fp32-att cases; att a bf16 step (2^-7) where the two fp32
+// softmaxes round to different neighbours.
+void bf16_gpt2_attention_bf16_att_cases(std::vector<KernelCase>& cases) {
+  const int B = 2, T = 37, C = 96, NH = 3;
+  const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
+  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
+  auto start = [=](std::mt19937& gen) {
+    Tensors t;
+    t["qkv"] = f32(uniform(gen, n_qkv, -2.f, 2.f));
+    t["dy"] = f32(uniform(gen, n_y));
+    t["y"] = f32(filled(n_y, 5.f));
+    t["att"] = f32(filled(n_att, 5.f));
+    t["dqkv"] = f32(filled(n_qkv, 1e3f));
+    return t;
+  };
+  cases.push_back({.name = "bf16 attention_forward into a bf16 att " + shape,
+                   .make = start,
+                   .call = in_bf16([=](Kernels& k, Buffers& b) {
+                     auto* held = reinterpret_cast<uint16_t*>(b.scratch((n_att + 1) / 2));
+                     k.attention_forward(b.f("y"), Act(held, true), as_bf16(k, b, "qkv", n_qkv), B, T, C, NH);
+                     k.from_bf16(b.f("att"), held, n_att);
+                   }),
+                   .outs = {{"y", 5e-3}, {"att", 8e-3, 1e-5, 0, 1}},
+                   .threads_rtol = 0,
+                   .twins = {{.what = "the fp32-att call, att rounded after",
+                              .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                k.attention_forward(b.f("y"), b.f("att"), b.f("qkv"), B, T, C, NH);
+                                round_in_place(k, b, "att", n_att);
+                              }),
+                              .rtol = 0}}});
+  cases.push_back({.name = "bf16 attention_backward from a bf16 att " + shape,  // from the CPU's bf16 forward's att
+                   .make =
+                       [=](std::mt19937& gen) {
+                         Tensors t = start(gen);
+                         HostInBf16 bf16;
+                         std::vector<float> y(n_y);
+                         host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
+                         return t;
+                       },
+                   .call = in_bf16([=](Kernels& k, Buffers& b) {
+                     float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
+                     k.attention_backward(b.f("dqkv"), b.f("dy"), as_bf16(k, b, "qkv", n_qkv),
+                                          as_bf16(k, b, "att", n_att), scratch, B, T, C, NH);
+                   }),
+                   .outs = {{"dqkv", 1.5e-2}},
+                   .threads_rtol = 0,
+                   .twins = {{.what = "the fp32-att call on att rounded before",
+                              .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                round_in_place(k, b, "att", n_att);
+                                float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
+                                k.attention_backward(b.f("dqkv"), b.f("dy"), b.f("qkv"), b.f("att"), scratch, B, T,
+                                                     C, NH);
+                              }),
+                              .rtol = 0,
+                              .outs = {"dqkv"}}}});
+}
+
 // Grouped-query attention. On CUDA the tensor-core kernels: T = 37 inside one 64-row block, T = 130 over three (the
 // last partial; key tiles of 64, query tiles of 32 in dk/dv); D = 8 padded with zero columns to 16.
 void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
@@ -586,6 +652,7 @@ void add_bf16_cases(std::vector<KernelCase>& cases) {
   bf16_grouped_cases(cases);
   bf16_storage_cases(cases);
   bf16_gpt2_attention_cases(cases);
+  bf16_gpt2_attention_bf16_att_cases(cases);
   bf16_gqa_attention_cases(cases);
 }
 

@@ -118,8 +118,8 @@ TEST_CASE("stash carver: a bf16 activation in place lies where the layout's orde
   CHECK(held_at[4] + 20 == held.size());  // 9 bf16 rounded up to 4 bytes, last
 }
 
-TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and Qwen3's q, k, v (read by attention's products alone) "
-          "are held in place too",
+TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and probabilities and Qwen3's q, k, v (read by "
+          "attention's products, or as a held stash gives them back) are held in place too",
           "[bf16]") {
   // in place: the bytes of the runs held where the stash is, outside the view
   auto in_place = [](const StashLayout& l) {
@@ -131,12 +131,13 @@ TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and Qwen3's q, k, v 
     Model m = gpt(16);
     const Segment& attention = m.segments[1];
     REQUIRE(attention.type->name == "gpt2.attention");
-    const int64_t n = 3 * 16, C = 32;  // 3 samples
+    const int64_t n = 3 * 16, C = 32, att = 3 * 4 * 16 * 16;  // 3 samples, 4 heads
     const StashLayout fp32 = attention.type->stash_layout(attention, m.dims, 3);
     m.dims.bf16_matmul_inputs = true;
     const StashLayout bf16 = attention.type->stash_layout(attention, m.dims, 3);
-    CHECK(in_place(bf16) == uint64_t(3 * n * C + n * C) * 2);  // qkv (n,3C) and the normed input (n,C)
-    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + n * C) * 4);
+    // qkv (n,3C), the normed input (n,C) and the probabilities (b,H,T,T)
+    CHECK(in_place(bf16) == uint64_t(3 * n * C + n * C + att) * 2);
+    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + n * C + att) * 4);
     CHECK(bf16.packed_bytes() == fp32.packed_bytes());
   }
   SECTION("qwen3") {

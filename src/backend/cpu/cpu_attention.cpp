@@ -1,10 +1,12 @@
-// CPU causal multi-head self-attention of GPT-2 (the probabilities kept for the backward), in either matmul
-// precision: each (sequence, head) on one thread, its products through attention_product.hpp.
+// CPU causal multi-head self-attention of GPT-2 (the probabilities kept for the backward, fp32 or bf16), in either
+// matmul precision: each (sequence, head) on one thread, its products through attention_product.hpp.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "backend/cpu/act_store.hpp"
 #include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/vec_math.hpp"
@@ -14,38 +16,51 @@ namespace piper {
 
 namespace {
 
-// qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) = the causal softmax of scale · q kᵀ per head
+// qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) = the causal softmax of scale · q kᵀ per head. A bf16 att (kBf16 only):
+// each head's softmax in an fp32 tile of this thread, then rounded into att, which P · v reads as it is.
 template <bool kBf16>
-void attention_forward_in(int threads, float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
+void attention_forward_in(int threads, float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) {
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t C3 = 3 * int64_t(C);
   int nt = std::min(threads, B * NH);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const ConstAct q = qkv.at(int64_t(b) * T * C3 + h * hd);  // (T,hd), row stride 3C
-    const ConstAct k = q.at(C);
-    const ConstAct v = q.at(2 * C);
-    float* S = att + int64_t(bh) * T * T;  // (T,T)
-    attention_product<kBf16>(false, true, T, T, hd, scale, q, int(C3), k, int(C3), 0.f, S, T);
-    for (int t = 0; t < T; ++t) {
-      float* __restrict row = S + int64_t(t) * T;
-      const float mx = vec::lane_max(row, t + 1);
-      for (int j = 0; j <= t; ++j) row[j] = vec::exp_approx(row[j] - mx);
-      const float sum = vec::lane_sum(t + 1, [&](int j) { return row[j]; });
-      float inv = 1.0f / sum;
-      for (int j = 0; j <= t; ++j) row[j] *= inv;
-      for (int j = t + 1; j < T; ++j) row[j] = 0.f;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    static thread_local std::vector<float> tile;  // (T,T) where att is bf16: kept for the next call
+    if (att.bf16 && tile.size() < size_t(T) * T) tile.resize(size_t(T) * T);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const ConstAct q = qkv.at(int64_t(b) * T * C3 + h * hd);  // (T,hd), row stride 3C
+      const ConstAct k = q.at(C);
+      const ConstAct v = q.at(2 * C);
+      const int64_t at = int64_t(bh) * T * T;
+      float* S = att.bf16 ? tile.data() : att.f32() + at;  // (T,T)
+      attention_product<kBf16>(false, true, T, T, hd, scale, q, int(C3), k, int(C3), 0.f, S, T);
+      for (int t = 0; t < T; ++t) {
+        float* __restrict row = S + int64_t(t) * T;
+        const float mx = vec::lane_max(row, t + 1);
+        for (int j = 0; j <= t; ++j) row[j] = vec::exp_approx(row[j] - mx);
+        const float sum = vec::lane_sum(t + 1, [&](int j) { return row[j]; });
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; ++j) row[j] *= inv;
+        for (int j = t + 1; j < T; ++j) row[j] = 0.f;
+      }
+      ConstAct P(S);
+      if (att.bf16) {
+        cpu::store(att, size_t(at), size_t(T) * T, [&](size_t i) { return S[i]; });
+        P = ConstAct(att.bits() + at, true);
+      }
+      // y = P · v (in bf16 the probabilities rounded as the product's operand; an fp32 att keeps them unrounded)
+      attention_product<kBf16>(false, false, T, hd, T, 1.f, P, T, v, int(C3), 0.f, y + int64_t(b) * T * C + h * hd,
+                               C);
     }
-    // y = P · v (in bf16 the fp32 probabilities rounded as the product's operand; att keeps them in fp32)
-    attention_product<kBf16>(false, false, T, hd, T, 1.f, S, T, v, int(C3), 0.f, y + int64_t(b) * T * C + h * hd, C);
   }
 }
 
 // dqkv(B,T,3C) from dy(B,T,C), qkv and the kept probabilities; scratch: a (T,T) dP per thread
 template <bool kBf16>
-void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct qkv, const float* att,
+void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct qkv, ConstAct att,
                            float* scratch, int B, int T, int C, int NH) {
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -61,17 +76,23 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
     float* dq = dqkv + int64_t(b) * T * C3 + h * hd;
     float* dk = dq + C;
     float* dv = dq + 2 * C;
-    const float* P = att + int64_t(bh) * T * T;
+    const ConstAct P = att.at(int64_t(bh) * T * T);  // (T,T)
     const float* dY = dy + int64_t(b) * T * C + h * hd;
     // dP = dY · V^T; dV = P^T · dY
     attention_product<kBf16>(false, true, T, T, hd, 1.f, dY, C, v, int(C3), 0.f, dP, T);
     attention_product<kBf16>(true, false, T, hd, T, 1.f, P, T, dY, C, 0.f, dv, int(C3));
-    // dS = P ⊙ (dP − Σ_j P dP), causal, with the fp32 P
+    // dS = P ⊙ (dP − Σ_j P dP), causal, with P as att holds it (a bf16 att widened)
     for (int t = 0; t < T; ++t) {
-      const float* __restrict p = P + int64_t(t) * T;
       float* __restrict d = dP + int64_t(t) * T;
-      const float dot = vec::lane_sum(t + 1, [&](int j) { return p[j] * d[j]; });
-      for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
+      if (P.bf16) {
+        const uint16_t* __restrict p = P.bits() + int64_t(t) * T;
+        const float dot = vec::lane_sum(t + 1, [&](int j) { return bf16_value(p[j]) * d[j]; });
+        for (int j = 0; j <= t; ++j) d[j] = bf16_value(p[j]) * (d[j] - dot);
+      } else {
+        const float* __restrict p = P.f32() + int64_t(t) * T;
+        const float dot = vec::lane_sum(t + 1, [&](int j) { return p[j] * d[j]; });
+        for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
+      }
       for (int j = t + 1; j < T; ++j) d[j] = 0.f;
     }
     // dQ = dS · K · scale; dK = dS^T · Q · scale
@@ -86,17 +107,19 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
 // instructions: faster than rounding the operands for cblas_sgemm on the quickstart shapes (B=16 T=128 C=256 NH=8,
 // 2 threads, best of 20): forward 2.7 ms, backward 3.6 ms, against 2.9 and 4.4 ms rounded (bf16_gemm's path without
 // bf16 instructions, PIPER_BF16_GEMM=rounded) and 2.8 and 4.5 ms in fp32.
-void CpuKernels::attention_forward(float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
-  PIPER_CHECK(!qkv.bf16 || matmul_ == Precision::Bf16, "attention_forward: a bf16 qkv in fp32 matmul precision");
+void CpuKernels::attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) {
+  PIPER_CHECK((!qkv.bf16 && !att.bf16) || matmul_ == Precision::Bf16,
+              "attention_forward: a bf16 qkv or att in fp32 matmul precision");
   if (matmul_ == Precision::Bf16) attention_forward_in<true>(threads_, y, att, qkv, B, T, C, NH);
   else attention_forward_in<false>(threads_, y, att, qkv, B, T, C, NH);
 }
 
 size_t CpuKernels::attention_scratch_floats(int, int T, int, int) const { return size_t(threads_) * T * T; }
 
-void CpuKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, const float* att, float* scratch,
+void CpuKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att, float* scratch,
                                     int B, int T, int C, int NH) {
-  PIPER_CHECK(!qkv.bf16 || matmul_ == Precision::Bf16, "attention_backward: a bf16 qkv in fp32 matmul precision");
+  PIPER_CHECK((!qkv.bf16 && !att.bf16) || matmul_ == Precision::Bf16,
+              "attention_backward: a bf16 qkv or att in fp32 matmul precision");
   if (matmul_ == Precision::Bf16) attention_backward_in<true>(threads_, dqkv, dy, qkv, att, scratch, B, T, C, NH);
   else attention_backward_in<false>(threads_, dqkv, dy, qkv, att, scratch, B, T, C, NH);
 }

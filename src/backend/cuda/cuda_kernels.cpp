@@ -97,37 +97,54 @@ void rounded_f32(float* dst, ConstAct a, size_t n, cudaStream_t s) {
   else cuda::round_bf16(dst, a.f32(), n, s);
 }
 
-// attention_forward in bf16 matmul precision: qkv rounded to bf16 once (unless it is bf16 already) (the stream's workspace holds it and one
-// sample's probabilities, (B,T,3C) + (NH,T,T) bf16), S = scale · q kᵀ, the fp32 softmax in att, y = P v with P
-// rounded sample by sample.
-void attention_forward_bf16(CudaStream& stream, float* y, float* att, ConstAct qkv, int B, int T, int C, int NH) {
+// attention_forward in bf16 matmul precision: qkv rounded to bf16 once (unless it is bf16 already), S = scale · q kᵀ,
+// the fp32 softmax, y = P v with P rounded sample by sample. An fp32 att keeps the fp32 softmax (the workspace holds
+// qkv and one sample's rounded P: (B,T,3C) + (NH,T,T) bf16); a bf16 att, P rounded, each sample's softmax made in
+// the workspace ((B,T,3C) bf16 + (NH,T,T) fp32).
+void attention_forward_bf16(CudaStream& stream, float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) {
   cublasHandle_t h = stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int C3 = 3 * C;
   const long long TT = (long long)T * T;
   const size_t n_qkv = size_t(B) * T * C3, n_p = size_t(NH) * TT;
-  auto* ws = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + n_p)));
-  uint16_t* p16 = ws + aligned64(n_qkv);  // (NH,T,T) of one sample
+  auto* ws = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + 2 * aligned64(n_p))));
+  uint16_t* p16 = ws + aligned64(n_qkv);  // (NH,T,T) bf16 of one sample, or (bf16 att) fp32 S of one sample
   const uint16_t* qkv16 = rounded_once(ws, qkv, n_qkv, stream);
+  if (att.bf16) {
+    auto* S = reinterpret_cast<float*>(p16);  // (NH,T,T)
+    for (int b = 0; b < B; ++b) {
+      const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
+      const uint16_t* k = q + C;
+      const uint16_t* v = q + 2 * C;
+      uint16_t* P = att.bits() + (long long)b * NH * TT;  // (NH,T,T)
+      gemm_batched_bf16(h, false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.f, S, T, TT, NH);  // S = scale q k^T
+      cuda::causal_softmax_forward(S, (int64_t)NH * T, T, stream.stream());  // softmax, causal, fp32
+      cuda::to_bf16(P, S, n_p, stream.stream());                             // P rounded into att
+      float* yb = y + (long long)b * T * C;
+      gemm_batched_bf16(h, false, false, T, hd, T, 1.f, P, T, TT, v, C3, hd, 0.f, yb, C, hd, NH);  // y = P · v
+    }
+    return;
+  }
   for (int b = 0; b < B; ++b) {
     const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
     const uint16_t* k = q + C;
-    float* S = att + (long long)b * NH * TT;  // (NH,T,T)
+    float* S = att.f32() + (long long)b * NH * TT;  // (NH,T,T)
     gemm_batched_bf16(h, false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.f, S, T, TT, NH);  // S = scale · q k^T
   }
-  cuda::causal_softmax_forward(att, (int64_t)B * NH * T, T, stream.stream());  // P = softmax, causal, fp32
+  cuda::causal_softmax_forward(att.f32(), (int64_t)B * NH * T, T, stream.stream());  // P = softmax, causal, fp32
   for (int b = 0; b < B; ++b) {
     const uint16_t* v = qkv16 + (long long)b * T * C3 + 2 * C;
-    cuda::to_bf16(p16, att + (long long)b * NH * TT, n_p, stream.stream());  // after the last sample's product
+    cuda::to_bf16(p16, att.f32() + (long long)b * NH * TT, n_p, stream.stream());  // after the last sample's product
     float* yb = y + (long long)b * T * C;
     gemm_batched_bf16(h, false, false, T, hd, T, 1.f, p16, T, TT, v, C3, hd, 0.f, yb, C, hd, NH);  // y = P · v
   }
 }
 
-// attention_backward in bf16 matmul precision: qkv (unless bf16 already) and dy rounded once, P and dS of one sample at a time (the
-// workspace: (B,T,3C) + (B,T,C) + 2 (NH,T,T) bf16); dS = P ⊙ (dP − Σ P dP) from the fp32 P and dP.
-void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, ConstAct qkv, const float* att,
+// attention_backward in bf16 matmul precision: qkv (unless bf16 already) and dy rounded once, P and dS of one sample
+// at a time (the workspace: (B,T,3C) + (B,T,C) + 2 (NH,T,T) bf16, and (NH,T,T) fp32 for a bf16 att widened);
+// dS = P ⊙ (dP − Σ P dP) from the fp32 (or widened) P and dP.
+void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, ConstAct qkv, ConstAct att,
                              float* scratch, int B, int T, int C, int NH) {
   cublasHandle_t h = stream.blas();
   const int hd = C / NH;
@@ -135,11 +152,12 @@ void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, C
   const int C3 = 3 * C;
   const long long TT = (long long)T * T;
   const size_t n_qkv = size_t(B) * T * C3, n_dy = size_t(B) * T * C, n_p = size_t(NH) * TT;
-  auto* ws = static_cast<uint16_t*>(
-      stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + aligned64(n_dy) + aligned64(n_p) + n_p)));
+  auto* ws = static_cast<uint16_t*>(stream.workspace(
+      sizeof(uint16_t) * (aligned64(n_qkv) + aligned64(n_dy) + 2 * aligned64(n_p) + (att.bf16 ? 2 * n_p : 0))));
   uint16_t* dy16 = ws + aligned64(n_qkv);  // (B,T,C)
   uint16_t* p16 = dy16 + aligned64(n_dy);  // (NH,T,T) of one sample
   uint16_t* ds16 = p16 + aligned64(n_p);   // (NH,T,T) of one sample
+  auto* p32 = reinterpret_cast<float*>(ds16 + aligned64(n_p));  // (NH,T,T) fp32: a bf16 att widened
   const uint16_t* qkv16 = rounded_once(ws, qkv, n_qkv, stream);
   cuda::to_bf16(dy16, dy, n_dy, stream.stream());
   float* dP = scratch;  // (NH,T,T): dP, then dS in place
@@ -147,14 +165,16 @@ void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, C
     const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
     const uint16_t* k = q + C;
     const uint16_t* v = q + 2 * C;
-    const float* P = att + (long long)b * NH * TT;  // (NH,T,T)
+    const float* P = att.bf16 ? p32 : att.f32() + (long long)b * NH * TT;  // (NH,T,T), fp32
+    const uint16_t* P16 = att.bf16 ? att.bits() + (long long)b * NH * TT : p16;  // (NH,T,T), bf16
     const uint16_t* dY = dy16 + (long long)b * T * C;  // (T,C)
     float* dq = dqkv + (long long)b * T * C3;          // (T,hd) per head, row stride 3C
     float* dk = dq + C;
     float* dv = dq + 2 * C;
-    cuda::to_bf16(p16, P, n_p, stream.stream());
+    if (att.bf16) cuda::from_bf16(p32, P16, n_p, stream.stream());
+    else cuda::to_bf16(p16, P, n_p, stream.stream());
     gemm_batched_bf16(h, false, true, T, T, hd, 1.f, dY, C, hd, v, C3, hd, 0.f, dP, T, TT, NH);  // dP = dY · v^T
-    gemm_batched_bf16(h, true, false, T, hd, T, 1.f, p16, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);  // dv = P^T · dY
+    gemm_batched_bf16(h, true, false, T, hd, T, 1.f, P16, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);  // dv = P^T · dY
     cuda::causal_softmax_backward(dP, P, (int64_t)NH * T, T, stream.stream());  // dS in place of dP, fp32
     cuda::to_bf16(ds16, dP, n_p, stream.stream());
     gemm_batched_bf16(h, false, false, T, hd, T, scale, ds16, T, TT, k, C3, hd, 0.f, dq, C3, hd, NH);  // dq = dS · k
@@ -356,11 +376,12 @@ void CudaKernels::layernorm_backward_weight(float* dw, float* db, const float* d
   cuda::layernorm_backward_weight(dw, db, dy, x, mean, rstd, N, C, accumulate, partial, t.stream.stream());
 }
 
-void CudaKernels::attention_forward(float* y, float* att, ConstAct qkv_act, int B, int T, int C, int NH) {
+void CudaKernels::attention_forward(float* y, Act att_act, ConstAct qkv_act, int B, int T, int C, int NH) {
   Target t = target();
-  if (matmul_ == Precision::Bf16) return attention_forward_bf16(t.stream, y, att, qkv_act, B, T, C, NH);
-  PIPER_CHECK(!qkv_act.bf16, "attention_forward: a bf16 qkv in fp32 matmul precision");
+  if (matmul_ == Precision::Bf16) return attention_forward_bf16(t.stream, y, att_act, qkv_act, B, T, C, NH);
+  PIPER_CHECK(!qkv_act.bf16 && !att_act.bf16, "attention_forward: a bf16 qkv or att in fp32 matmul precision");
   const float* qkv = qkv_act.f32();
+  float* att = att_act.f32();
   cublasHandle_t h = t.stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -386,13 +407,14 @@ size_t CudaKernels::attention_scratch_floats(int, int T, int, int NH) const {
   return size_t(NH) * T * T;  // dP, then dS, of one sample's heads; samples take turns
 }
 
-void CudaKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv_act, const float* att, float* scratch,
-                                     int B, int T, int C, int NH) {
+void CudaKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv_act, ConstAct att_act,
+                                     float* scratch, int B, int T, int C, int NH) {
   Target t = target();
   if (matmul_ == Precision::Bf16)
-    return attention_backward_bf16(t.stream, dqkv, dy, qkv_act, att, scratch, B, T, C, NH);
-  PIPER_CHECK(!qkv_act.bf16, "attention_backward: a bf16 qkv in fp32 matmul precision");
+    return attention_backward_bf16(t.stream, dqkv, dy, qkv_act, att_act, scratch, B, T, C, NH);
+  PIPER_CHECK(!qkv_act.bf16 && !att_act.bf16, "attention_backward: a bf16 qkv or att in fp32 matmul precision");
   const float* qkv = qkv_act.f32();
+  const float* att = att_act.f32();
   cublasHandle_t h = t.stream.blas();
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));

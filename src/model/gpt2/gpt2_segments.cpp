@@ -82,8 +82,9 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
 // Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
 // keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
 struct AttentionStash {
-  float *ln1_mean, *ln1_rstd, *att, *atty;
+  float *ln1_mean, *ln1_rstd, *atty;
   Act ln1, qkv;  // read by products alone (qkv by the attention's)
+  Act att;       // the probabilities: bf16 as a held stash gives them back (kernels.hpp)
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
@@ -91,7 +92,7 @@ struct AttentionStash {
     ln1_rstd = c.keep_exact(s.n);                      // (n)
     qkv = c.keep_act(int64_t(s.n) * 3 * s.A, s.bf16);  // (n,3A): this rank's q, k, v
     c.tail_act(ln1, int64_t(s.n) * s.C, s.bf16);    // (n,C)
-    c.tail(att, int64_t(s.b) * s.H * s.T * s.T);    // (b,H,T,T)
+    c.tail_act(att, int64_t(s.b) * s.H * s.T * s.T, s.bf16);  // (b,H,T,T)
     c.tail(atty, int64_t(s.n) * s.A);               // (n,A)
     c.finish();
     bytes = c.bytes();
