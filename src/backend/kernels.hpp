@@ -76,9 +76,11 @@ class Kernels {
   // y(N,OC) = x(N,C) · w(OC,C)^T + b(OC); b may be null. x may be a bf16 activation.
   virtual void linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) = 0;
   // y(N,OC) = gelu_tanh(x · w^T + b); dgelu(N,OC) = gelu_tanh'(x · w^T + b), kept for the backward.
-  // Fused: one pass after the matmul computes both from one tanh. x and y may be bf16 activations (dgelu is fp32).
-  virtual void linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
-                                   int OC) = 0;
+  // Fused: one pass after the matmul computes both from one tanh. x, y and dgelu may be bf16 activations (each value
+  // computed in fp32, then rounded); where y and dgelu both are, the product goes to `room`, (N,OC) fp32 (else
+  // unused).
+  virtual void linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
+                                   int OC, float* room = nullptr) = 0;
   // dx(N,C) (+)= dy(N,OC) · w(OC,C); dy may be a bf16 activation.
   virtual void linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                                      bool accumulate) = 0;
@@ -108,8 +110,9 @@ class Kernels {
       linear_backward_weight(g.out, nullptr, g.a, g.b, g.N, g.C, g.OC, g.accumulate);
     }
   }
-  // dpre(n) = dy(n) * dgelu(n), the derivative saved by linear_gelu_forward; dpre may alias dy.
-  virtual void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) = 0;
+  // dpre(n) = dy(n) * dgelu(n), the derivative saved by linear_gelu_forward (fp32, or a bf16 activation widened);
+  // dpre may alias dy.
+  virtual void gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) = 0;
 
   // y(N,C) = (x - mean) * rstd * w + b; mean(N), rstd(N) kept for backward. y may be a bf16 activation (each
   // value computed in fp32, then rounded).
@@ -176,11 +179,12 @@ class Kernels {
                                       ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
                                       int H, int KV, int D) = 0;
   virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
-  // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded).
-  virtual void swiglu_forward(Act a, const float* g, const float* u, size_t n) = 0;
+  // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded), and
+  // g and u bf16 activations (both or neither; widened).
+  virtual void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) = 0;
   // dg(n) = da * u * silu'(g), du(n) = da * silu(g); no aliasing between outputs and inputs. dg and du may be bf16
-  // activations (both or neither; computed in fp32, then rounded).
-  virtual void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) = 0;
+  // activations (both or neither; computed in fp32, then rounded), and g and u (both or neither; widened).
+  virtual void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) = 0;
   // x(N,C) = w[tok] (rows of w(V,C)). The one shard that holds every token of vocab_embedding_forward (v0 = 0,
   // Vl = INT_MAX, as V is not an argument): backends delegate, so the bits are that kernel's.
   virtual void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) = 0;

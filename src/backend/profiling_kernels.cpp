@@ -78,10 +78,11 @@ void ProfilingKernels::linear_forward(float* y, ConstAct x, const float* w, cons
   std::string s = shape_key("linear_forward", N, C, OC);
   timed("linear_forward", [&] { k_.linear_forward(y, x, w, b, N, C, OC); }, matmul_flops(N, C, OC), s.c_str());
 }
-void ProfilingKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b,
-                                           int N, int C, int OC) {
+void ProfilingKernels::linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N,
+                                           int C, int OC, float* room) {
   std::string s = shape_key("linear_gelu_forward", N, C, OC);
-  timed("linear_gelu_forward", [&] { k_.linear_gelu_forward(dgelu, y, x, w, b, N, C, OC); }, matmul_flops(N, C, OC),
+  timed("linear_gelu_forward", [&] { k_.linear_gelu_forward(dgelu, y, x, w, b, N, C, OC, room); },
+        matmul_flops(N, C, OC),
         s.c_str());
 }
 void ProfilingKernels::linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
@@ -111,7 +112,7 @@ void ProfilingKernels::linear_backward_weight_grouped(const LinearGroup* groups,
   timed("linear_backward_weight_grouped", [&] { k_.linear_backward_weight_grouped(groups, count); },
         grouped_flops(groups, count), s.empty() ? nullptr : s.c_str());
 }
-void ProfilingKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
+void ProfilingKernels::gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) {
   timed("gelu_backward", [&] { k_.gelu_backward(dpre, dy, dgelu, n); });
 }
 void ProfilingKernels::layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w,
@@ -168,10 +169,10 @@ void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, c
   timed("gqa_attention_backward",
         [&] { k_.gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D); });
 }
-void ProfilingKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
+void ProfilingKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {
   timed("swiglu_forward", [&] { k_.swiglu_forward(a, g, u, n); });
 }
-void ProfilingKernels::swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u,
+void ProfilingKernels::swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u,
                                        size_t n) {
   timed("swiglu_backward", [&] { k_.swiglu_backward(dg, du, da, g, u, n); });
 }

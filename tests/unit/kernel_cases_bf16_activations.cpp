@@ -332,6 +332,106 @@ void linear_cases(std::vector<KernelCase>& cases) {
   }
 }
 
+// `names` (n values each) rounded to bf16 in place: to bf16 and back.
+void round_each(Kernels& k, Buffers& b, const std::vector<std::string>& names, size_t n) {
+  for (const std::string& name : names) {
+    auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+    k.to_bf16(held, b.f(name), n);
+    k.from_bf16(b.f(name), held, n);
+  }
+}
+
+// The elementwise kernels that read what a held stash gives back in bf16 (GELU's derivative, SwiGLU's g and u) from
+// bf16 activations, and GELU's derivative written so: the same bits as the fp32 call on the values rounded before
+// (or its results rounded after).
+void stash_input_cases(std::vector<KernelCase>& cases) {
+  for (size_t n : {size_t(5), size_t(70001)}) {
+    const std::string shape = dims({{"n", long(n)}});
+    auto start = [=](std::mt19937& gen) {
+      Tensors t;
+      t["g"] = f32(uniform(gen, n, -4.f, 4.f));
+      t["u"] = f32(uniform(gen, n, -2.f, 2.f));
+      t["da"] = f32(uniform(gen, n));
+      t["a"] = f32(filled(n, 3.f));
+      t["dg"] = f32(filled(n, 3.f));
+      t["du"] = f32(filled(n, 3.f));
+      t["dy"] = f32(uniform(gen, n));
+      t["dgelu"] = f32(uniform(gen, n, 0.f, 1.2f));
+      return t;
+    };
+    cases.push_back({.name = "swiglu_forward from bf16 g and u " + shape,
+                     .make = start,
+                     .call = [=](Kernels& k, Buffers& b) {
+                       k.swiglu_forward(b.f("a"), as_bf16(k, b, "g", n), as_bf16(k, b, "u", n), n);
+                     },
+                     .outs = {{"a", 1e-5, 4e-6, 0, 1}},
+                     .cuda_repeatable = true,
+                     .twins = {{.what = "on g and u rounded first",
+                                .call = [=](Kernels& k, Buffers& b) {
+                                  round_each(k, b, {"g", "u"}, n);
+                                  k.swiglu_forward(b.f("a"), b.f("g"), b.f("u"), n);
+                                },
+                                .rtol = 0}}});
+    cases.push_back({.name = "swiglu_backward from bf16 g and u " + shape,
+                     .make = start,
+                     .call = [=](Kernels& k, Buffers& b) {
+                       k.swiglu_backward(b.f("dg"), b.f("du"), b.f("da"), as_bf16(k, b, "g", n),
+                                         as_bf16(k, b, "u", n), n);
+                     },
+                     .outs = {{"dg", 1e-5, 4e-6, 0, 1}, {"du", 1e-5, 4e-6, 0, 1}},
+                     .cuda_repeatable = true,
+                     .twins = {{.what = "on g and u rounded first",
+                                .call = [=](Kernels& k, Buffers& b) {
+                                  round_each(k, b, {"g", "u"}, n);
+                                  k.swiglu_backward(b.f("dg"), b.f("du"), b.f("da"), b.f("g"), b.f("u"), n);
+                                },
+                                .rtol = 0}}});
+    cases.push_back({.name = "gelu_backward from a bf16 dgelu " + shape,
+                     .make = start,
+                     .call = [=](Kernels& k, Buffers& b) {
+                       k.gelu_backward(b.f("dy"), b.f("dy"), as_bf16(k, b, "dgelu", n), n);
+                     },
+                     .outs = {{"dy", 1e-6, 0}},
+                     .cuda_repeatable = true,
+                     .twins = {{.what = "on dgelu rounded first",
+                                .call = [=](Kernels& k, Buffers& b) {
+                                  round_each(k, b, {"dgelu"}, n);
+                                  k.gelu_backward(b.f("dy"), b.f("dy"), b.f("dgelu"), n);
+                                },
+                                .rtol = 0,
+                                .outs = {"dy"}}}});
+  }
+  for (auto [N, C, OC] : {std::tuple{37, 48, 70}, std::tuple{256, 128, 96}}) {
+    const std::string shape = dims({{"N", N}, {"C", C}, {"OC", OC}});
+    const size_t nx = size_t(N) * C, ny = size_t(N) * OC;
+    cases.push_back(
+        {.name = "bf16 linear_gelu_forward into bf16 y and dgelu " + shape,
+         .make =
+             [=](std::mt19937& gen) {
+               Tensors t;
+               t["x"] = f32(uniform(gen, nx));
+               t["w"] = f32(uniform(gen, size_t(OC) * C));
+               t["b"] = f32(uniform(gen, size_t(OC)));
+               t["y"] = f32(filled(ny, 123.f));
+               t["dgelu"] = f32(filled(ny, 123.f));
+               return t;
+             },
+         .call = in_bf16([=](Kernels& k, Buffers& b) {
+           auto* y = reinterpret_cast<uint16_t*>(b.scratch((ny + 1) / 2));
+           auto* dgelu = reinterpret_cast<uint16_t*>(b.scratch((ny + 1) / 2));
+           k.linear_gelu_forward(Act(dgelu, true), Act(y, true), as_bf16(k, b, "x", nx), b.f("w"), b.f("b"), N, C,
+                                 OC, b.scratch(ny));
+           k.from_bf16(b.f("y"), y, ny);
+           k.from_bf16(b.f("dgelu"), dgelu, ny);
+         }),
+         .outs = {{"y", kBf16Step, kBf16Step, 0, 1}, {"dgelu", kBf16Step, kBf16Step, 0, 1}},
+         .threads_rtol = kBf16Step,
+         .twins = {fp32_then_rounded({{"y", ny}, {"dgelu", ny}}, in_bf16([=](Kernels& k, Buffers& b) {
+           k.linear_gelu_forward(b.f("dgelu"), b.f("y"), b.f("x"), b.f("w"), b.f("b"), N, C, OC);
+         }))}});
+  }
+}
+
 }  // namespace
 
 void add_bf16_activation_cases(std::vector<KernelCase>& cases) {
@@ -339,6 +439,7 @@ void add_bf16_activation_cases(std::vector<KernelCase>& cases) {
   swiglu_cases(cases);
   swiglu_backward_cases(cases);
   linear_cases(cases);
+  stash_input_cases(cases);
 }
 
 }  // namespace piper::test

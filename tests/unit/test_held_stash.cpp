@@ -72,16 +72,16 @@ TEST_CASE("held stash: with bf16 matmul inputs, the activations only matmuls rea
   const StashLayout fp32 = mlp.type->stash_layout(mlp, m.dims, 3);
   m.dims.bf16_matmul_inputs = true;
   const StashLayout bf16 = mlp.type->stash_layout(mlp, m.dims, 3);
-  // mean, rstd (n) and gelu' (n,F) stay fp32 in the view; the GELU's output (n,F) and the normed input (n,C) are bf16
+  // mean, rstd (n) stay fp32 in the view; gelu' and the GELU's output (n,F) and the normed input (n,C) are bf16
   // where the stash is held
   CHECK(fp32.view_bytes() == uint64_t(2 * n + 2 * n * F + n * C) * 4);
-  CHECK(bf16.view_bytes() == uint64_t(2 * n + n * F) * 4);
+  CHECK(bf16.view_bytes() == uint64_t(2 * n) * 4);
   CHECK(bf16.packed_bytes() == fp32.packed_bytes());  // held in bf16 either way
   uint64_t in_place = 0;
   for (const StashRun& r : bf16.runs) in_place += r.in_place ? r.bytes : 0;
-  CHECK(in_place == uint64_t(n * F + n * C) * 2);
+  CHECK(in_place == uint64_t(2 * n * F + n * C) * 2);
   // a stash that is not held (one buffer) keeps them in it, at 2 bytes
-  CHECK(segment_sizes(mlp, m.dims, 3).stash_bytes == uint64_t(2 * n + n * F) * 4 + uint64_t(n * F + n * C) * 2);
+  CHECK(segment_sizes(mlp, m.dims, 3).stash_bytes == uint64_t(2 * n) * 4 + uint64_t(2 * n * F + n * C) * 2);
 }
 
 TEST_CASE("stash carver: a bf16 activation in place lies where the layout's order holds it", "[bf16]") {
@@ -118,8 +118,8 @@ TEST_CASE("stash carver: a bf16 activation in place lies where the layout's orde
   CHECK(held_at[4] + 20 == held.size());  // 9 bf16 rounded up to 4 bytes, last
 }
 
-TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and probabilities and Qwen3's q, k, v (read by "
-          "attention's products, or as a held stash gives them back) are held in place too",
+TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv, probabilities and attention output and Qwen3's q, k, "
+          "v (read by products, or as a held stash gives them back) are held in place too",
           "[bf16]") {
   // in place: the bytes of the runs held where the stash is, outside the view
   auto in_place = [](const StashLayout& l) {
@@ -135,9 +135,11 @@ TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and probabilities an
     const StashLayout fp32 = attention.type->stash_layout(attention, m.dims, 3);
     m.dims.bf16_matmul_inputs = true;
     const StashLayout bf16 = attention.type->stash_layout(attention, m.dims, 3);
-    // qkv (n,3C), the normed input (n,C) and the probabilities (b,H,T,T)
-    CHECK(in_place(bf16) == uint64_t(3 * n * C + n * C + att) * 2);
-    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + n * C + att) * 4);
+    // qkv (n,3C), the normed input and the attention's output (n,C) and the probabilities (b,H,T,T): all but the
+    // norm's statistics
+    CHECK(in_place(bf16) == uint64_t(3 * n * C + 2 * n * C + att) * 2);
+    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + 2 * n * C + att) * 4);
+    CHECK(bf16.view_bytes() == uint64_t(2 * n) * 4);
     CHECK(bf16.packed_bytes() == fp32.packed_bytes());
   }
   SECTION("qwen3") {

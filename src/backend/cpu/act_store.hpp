@@ -1,5 +1,6 @@
 // Writing a CPU kernel's results into an activation at its width (kernels.hpp's Act): fp32 as computed, or each value
-// rounded to bf16 (nearest, ties to even) as it is stored. One loop per width, so that each vectorizes.
+// rounded to bf16 (nearest, ties to even) as it is stored; and reading one back. One loop per width, so that each
+// vectorizes.
 #pragma once
 #include <cstddef>
 
@@ -18,6 +19,17 @@ inline void store(Act y, size_t at, size_t n, Value value) {
     float* __restrict out = y.f32() + at;
     for (size_t i = 0; i < n; ++i) out[i] = value(i);
   }
+}
+
+// An element of an activation's storage as fp32: as it is, or bf16 bits widened (exact).
+inline float value(const float* p, size_t i) { return p[i]; }
+inline float value(const uint16_t* p, size_t i) { return bf16_value(p[i]); }
+
+// f(a's storage, b's storage) for two activations of one width, as typed pointers (one loop per width).
+template <typename F>
+inline void with_storage(ConstAct a, ConstAct b, F f) {
+  if (a.bf16) f(a.bits(), b.bits());
+  else f(a.f32(), b.f32());
 }
 
 }  // namespace piper::cpu

@@ -170,26 +170,24 @@ void CpuKernels::linear_forward(float* y, ConstAct x, const float* w, const floa
   weight_gemm(true, N, OC, C, x, w, OC, C, b ? 1.f : 0.f, y);  // w (OC,C)
 }
 
-void CpuKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N,
-                                     int C, int OC) {
-  if (matmul_ == Precision::Bf16) {  // the bf16 product (into dgelu when y is bf16), then gelu and gelu' in one pass
-    float* pre = y.bf16 ? dgelu : y.f32();  // (N,OC)
+void CpuKernels::linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
+                                     int OC, float* room) {
+  if (matmul_ == Precision::Bf16) {  // the bf16 product (where an fp32 output or room is), then gelu and gelu'
+    float* pre = !dgelu.bf16 ? dgelu.f32() : !y.bf16 ? y.f32() : room;  // (N,OC)
+    PIPER_CHECK(pre, "linear_gelu_forward: bf16 y and dgelu without room for the product");
     linear_forward(pre, x, w, b, N, C, OC);
     for_range(size_t(N) * OC, threads_, [&](size_t i0, size_t i1) {
-      if (!y.bf16) {
-        for (size_t i = i0; i < i1; ++i) vec::gelu_and_grad(pre[i], pre[i], dgelu[i]);
-        return;
-      }
-      uint16_t* __restrict out = y.bits();
-      for (size_t i = i0; i < i1; ++i) {
-        float g;
-        vec::gelu_and_grad(pre[i], g, dgelu[i]);
-        out[i] = bf16_bits(g);
+      float g[256], d[256];  // a block of each, stored at its width (pre may be either output: read first)
+      for (size_t i = i0; i < i1; i += 256) {
+        const size_t m = std::min<size_t>(256, i1 - i);
+        for (size_t j = 0; j < m; ++j) vec::gelu_and_grad(pre[i + j], g[j], d[j]);
+        cpu::store(y, i, m, [&](size_t j) { return g[j]; });
+        cpu::store(dgelu, i, m, [&](size_t j) { return d[j]; });
       }
     });
     return;
   }
-  PIPER_CHECK(!x.bf16 && !y.bf16, "a bf16 activation in an fp32 matmul");
+  PIPER_CHECK(!x.bf16 && !y.bf16 && !dgelu.bf16, "a bf16 activation in an fp32 matmul");
   // Each thread multiplies its block of rows into y, then turns it into gelu and gelu' in one pass
   // while the block is still in cache.
   int nt = (double(N) * OC * C < 2e6) ? 1 : threads_;
@@ -198,7 +196,7 @@ void CpuKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const floa
     int r0 = int(int64_t(N) * t / nt), r1 = int(int64_t(N) * (t + 1) / nt);
     if (r1 <= r0) continue;
     float* __restrict out = y.f32() + int64_t(r0) * OC;
-    float* __restrict d = dgelu + int64_t(r0) * OC;
+    float* __restrict d = dgelu.f32() + int64_t(r0) * OC;
     if (b)
       for (int r = r0; r < r1; ++r) std::memcpy(y.f32() + int64_t(r) * OC, b, sizeof(float) * OC);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.f, x.f32() + int64_t(r0) * C, C, w, C,
@@ -229,11 +227,16 @@ void CpuKernels::linear_backward_weight(float* dw, float* db, ConstAct dy, Const
   });
 }
 
-void CpuKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
+void CpuKernels::gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) {
   for_range(n, threads_, [&](size_t b, size_t e) {
     float* out = dpre;  // may alias dy: each element is read before it is written
     const float* g = dy;
-    const float* __restrict d = dgelu;
+    if (dgelu.bf16) {
+      const uint16_t* __restrict d = dgelu.bits();
+      for (size_t i = b; i < e; ++i) out[i] = g[i] * bf16_value(d[i]);
+      return;
+    }
+    const float* __restrict d = dgelu.f32();
     for (size_t i = b; i < e; ++i) out[i] = g[i] * d[i];
   });
 }

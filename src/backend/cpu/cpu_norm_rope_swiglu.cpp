@@ -105,36 +105,41 @@ void CpuKernels::rope(float* x, int B, int T, int H, int D, float theta, bool in
   });
 }
 
-void CpuKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
+void CpuKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {
+  PIPER_CHECK(g.bf16 == u.bf16, "swiglu_forward: g and u of different widths");
   for_range(n, threads_, [&](size_t e0, size_t e1) {
-    const float* __restrict gate = g + e0;
-    const float* __restrict up = u + e0;
-    cpu::store(a, e0, e1 - e0, [&](size_t i) {
-      const float sig = 1.0f / (1.0f + vec::exp_approx(-gate[i]));
-      return gate[i] * sig * up[i];
+    cpu::with_storage(g, u, [&](const auto* gs, const auto* us) {
+      const auto* __restrict gate = gs + e0;
+      const auto* __restrict up = us + e0;
+      cpu::store(a, e0, e1 - e0, [&](size_t i) {
+        const float x = cpu::value(gate, i);
+        const float sig = 1.0f / (1.0f + vec::exp_approx(-x));
+        return x * sig * cpu::value(up, i);
+      });
     });
   });
 }
 
-void CpuKernels::swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) {
+void CpuKernels::swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) {
   // silu'(g) = σ(g) (1 + g (1 − σ(g)))
   PIPER_CHECK(dg.bf16 == du.bf16, "swiglu_backward: dg and du of different widths");
+  PIPER_CHECK(g.bf16 == u.bf16, "swiglu_backward: g and u of different widths");
   for_range(n, threads_, [&](size_t e0, size_t e1) {
     const float* __restrict grad = da;
-    const float* __restrict gate = g;
-    const float* __restrict up = u;
-    auto each = [&](auto* __restrict dgate, auto* __restrict dup, auto put) {
-      for (size_t i = e0; i < e1; ++i) {
-        const float x = gate[i];
-        const float sig = 1.0f / (1.0f + vec::exp_approx(-x));
-        dgate[i] = put(grad[i] * up[i] * sig * (1.0f + x * (1.0f - sig)));
-        dup[i] = put(grad[i] * x * sig);
-      }
-    };
-    if (dg.bf16)
-      each(dg.bits(), du.bits(), [](float v) { return bf16_bits(v); });
-    else
-      each(dg.f32(), du.f32(), [](float v) { return v; });
+    cpu::with_storage(g, u, [&](const auto* gate, const auto* up) {
+      auto each = [&](auto* __restrict dgate, auto* __restrict dup, auto put) {
+        for (size_t i = e0; i < e1; ++i) {
+          const float x = cpu::value(gate, i);
+          const float sig = 1.0f / (1.0f + vec::exp_approx(-x));
+          dgate[i] = put(grad[i] * cpu::value(up, i) * sig * (1.0f + x * (1.0f - sig)));
+          dup[i] = put(grad[i] * x * sig);
+        }
+      };
+      if (dg.bf16)
+        each(dg.bits(), du.bits(), [](float v) { return bf16_bits(v); });
+      else
+        each(dg.f32(), du.f32(), [](float v) { return v; });
+    });
   });
 }
 

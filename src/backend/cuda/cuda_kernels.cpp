@@ -281,10 +281,11 @@ void CudaKernels::linear_forward(float* y, ConstAct x, const float* w, const flo
   linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, b ? 1.f : 0.f, y, OC);  // y += x · w^T
 }
 
-void CudaKernels::linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N,
-                                      int C, int OC) {
+void CudaKernels::linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
+                                      int OC, float* room) {
   Target t = target();
-  float* pre = y.bf16 ? dgelu : y.f32();                                      // (N,OC), fp32
+  float* pre = !dgelu.bf16 ? dgelu.f32() : !y.bf16 ? y.f32() : room;         // (N,OC), fp32
+  PIPER_CHECK(pre, "linear_gelu_forward: bf16 y and dgelu without room for the product");
   linear_gemm(t.stream, false, true, N, OC, C, x, C, w, C, 0.f, pre, OC);     // pre = x · w^T
   cuda::bias_gelu(dgelu, y, pre, b, N, OC, t.stream.stream());                // y = gelu(pre + b), dgelu = gelu'
 }
@@ -352,7 +353,7 @@ void CudaKernels::linear_backward_weight_grouped(const LinearGroup* groups, int 
   });
 }
 
-void CudaKernels::gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) {
+void CudaKernels::gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) {
   Target t = target();
   cuda::gelu_backward(dpre, dy, dgelu, n, t.stream.stream());
 }
@@ -534,12 +535,12 @@ void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const 
                                t.stream.stream());
 }
 
-void CudaKernels::swiglu_forward(Act a, const float* g, const float* u, size_t n) {
+void CudaKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {
   Target t = target();
   cuda::swiglu_forward(a, g, u, n, t.stream.stream());
 }
 
-void CudaKernels::swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) {
+void CudaKernels::swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) {
   PIPER_CHECK(dg.bf16 == du.bf16, "swiglu_backward: dg and du of different widths");
   Target t = target();
   cuda::swiglu_backward(dg, du, da, g, u, n, t.stream.stream());

@@ -29,8 +29,8 @@ class CudaKernels final : public Kernels {
   }
 
   void linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) override;
-  void linear_gelu_forward(float* dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
-                           int OC) override;
+  void linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
+                           int OC, float* room = nullptr) override;
   void linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                              bool accumulate) override;
   void linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C, int OC,
@@ -38,7 +38,7 @@ class CudaKernels final : public Kernels {
   void linear_forward_grouped(const LinearGroup* groups, int count) override;
   void linear_backward_input_grouped(const LinearGroup* groups, int count) override;
   void linear_backward_weight_grouped(const LinearGroup* groups, int count) override;
-  void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n) override;
+  void gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) override;
   void layernorm_forward(Act y, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override;
   void layernorm_backward_input(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
@@ -65,8 +65,8 @@ class CudaKernels final : public Kernels {
                               ConstAct v, const float* y, const float* lse, float* scratch, int B, int T, int H,
                               int KV, int D) override;
   size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override;
-  void swiglu_forward(Act a, const float* g, const float* u, size_t n) override;
-  void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n) override;
+  void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) override;
+  void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) override;
   void token_embedding_forward(float* x, const int32_t* tok, const float* w, int N, int C) override;
   void token_embedding_backward(float* dw, const float* dx, const int32_t* tok, int N, int C, int V,
                                 bool accumulate) override;

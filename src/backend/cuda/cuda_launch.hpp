@@ -13,11 +13,11 @@ namespace piper::cuda {
 // ---- linear_kernels.cu ----
 // y(N,OC) = b broadcast over rows
 void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s);
-// p = pre(N,OC) + b (b may be null); y = gelu_tanh(p) at y's width; dgelu(N,OC) = gelu_tanh'(p). pre may be y's
-// fp32 values or dgelu (read before they are written).
-void bias_gelu(float* dgelu, Act y, const float* pre, const float* b, int N, int OC, cudaStream_t s);
-// dpre(n) = dy(n) * dgelu(n); dpre may alias dy
-void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s);
+// p = pre(N,OC) + b (b may be null); y = gelu_tanh(p) and dgelu(N,OC) = gelu_tanh'(p), each at its width. pre may
+// be y's or dgelu's fp32 values (read before they are written).
+void bias_gelu(Act dgelu, Act y, const float* pre, const float* b, int N, int OC, cudaStream_t s);
+// dpre(n) = dy(n) * dgelu(n) (fp32, or bf16 widened); dpre may alias dy
+void gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n, cudaStream_t s);
 // dst(rows,cols) packed bf16 (as uint16 bits) = src(rows,cols) with leading dimension ld, rounded to nearest even
 // (util/precision.hpp's bf16_bits, to the bit): a bf16 matmul's operand
 void to_bf16(uint16_t* dst, const float* src, int rows, int cols, int ld, cudaStream_t s);
@@ -67,11 +67,10 @@ void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const f
 // the cos and sin tables (T,D/2) each in `table` (rope_table_floats(T, D) floats), then rotates from them.
 inline size_t rope_table_floats(int T, int D) { return 2 * size_t(T > 0 ? T : 0) * size_t(D > 1 ? D / 2 : 0); }
 void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float* table, cudaStream_t s);
-// a(n) = silu(g) * u
-void swiglu_forward(Act a, const float* g, const float* u, size_t n, cudaStream_t s);
+// a(n) = silu(g) * u (g and u fp32, or both bf16 widened)
+void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n, cudaStream_t s);
 // dg(n) = da * u * silu'(g), du(n) = da * silu(g)
-void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n,
-                     cudaStream_t s);
+void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n, cudaStream_t s);
 
 // ---- gqa_attention_kernels.cu ----
 // Causal grouped-query attention: q(B,T,H,D), k, v(B,T,KV,D) → y(B,T,H,D), lse(B,H,T). D ≤ 256.

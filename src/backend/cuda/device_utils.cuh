@@ -89,5 +89,10 @@ __device__ __forceinline__ uint16_t bf16_bits(float x) {
 // out[i] = v at out's width (kernels.hpp's Act): fp32 as it is, bf16 rounded by bf16_bits.
 __device__ __forceinline__ void store_value(float* out, int64_t i, float v) { out[i] = v; }
 __device__ __forceinline__ void store_value(uint16_t* out, int64_t i, float v) { out[i] = bf16_bits(v); }
+// in[i] as fp32: as it is, or bf16 bits widened (exact).
+__device__ __forceinline__ float load_value(const float* in, int64_t i) { return in[i]; }
+__device__ __forceinline__ float load_value(const uint16_t* in, int64_t i) {
+  return __uint_as_float(uint32_t(in[i]) << 16);
+}
 
 }  // namespace piper::cuda

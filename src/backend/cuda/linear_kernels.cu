@@ -19,23 +19,24 @@ __global__ void bias_fill_kernel(float* y, const float* b, int N, int OC) {
   for (int r = blockIdx.y; r < N; r += gridDim.y) y[int64_t(r) * OC + c] = bc;
 }
 
-// p = pre(N,OC) + b; y = gelu_tanh(p) at y's width; dgelu(N,OC) = gelu_tanh'(p). pre may be y (fp32) or dgelu.
-template <typename Out>
-__global__ void bias_gelu_kernel(float* dgelu, Out* y, const float* pre, const float* b, int N, int OC) {
+// p = pre(N,OC) + b; y = gelu_tanh(p) and dgelu(N,OC) = gelu_tanh'(p) at their widths. pre may be y or dgelu (fp32).
+template <typename D, typename Out>
+__global__ void bias_gelu_kernel(D* dgelu, Out* y, const float* pre, const float* b, int N, int OC) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= OC) return;
   const float bc = b ? b[c] : 0.f;
   for (int r = blockIdx.y; r < N; r += gridDim.y) {
     const int64_t i = int64_t(r) * OC + c;
     const float p = pre[i] + bc;  // read before either write, same thread
-    dgelu[i] = gelu_tanh_grad(p);
+    store_value(dgelu, i, gelu_tanh_grad(p));
     store_value(y, i, gelu_tanh(p));
   }
 }
 
-__global__ void gelu_backward_kernel(float* dpre, const float* dy, const float* dgelu, size_t n) {
+template <typename D>
+__global__ void gelu_backward_kernel(float* dpre, const float* dy, const D* dgelu, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dpre[i] = dy[i] * dgelu[i];  // dpre may alias dy: read before write, same thread
+    dpre[i] = dy[i] * load_value(dgelu, int64_t(i));  // dpre may alias dy: read before write, same thread
 }
 
 // dst(rows,cols) = bf16 bits of src(rows,cols) (leading dimension ld): columns over x, rows grid-strided over y.
@@ -91,19 +92,26 @@ void bias_fill(float* y, const float* b, int N, int OC, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-void bias_gelu(float* dgelu, Act y, const float* pre, const float* b, int N, int OC, cudaStream_t s) {
+void bias_gelu(Act dgelu, Act y, const float* pre, const float* b, int N, int OC, cudaStream_t s) {
   if (N <= 0 || OC <= 0) return;
   dim3 grid((OC + 255) / 256, grid_rows(N));
-  if (y.bf16)
-    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu, y.bits(), pre, b, N, OC);
+  if (dgelu.bf16 && y.bf16)
+    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu.bits(), y.bits(), pre, b, N, OC);
+  else if (dgelu.bf16)
+    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu.bits(), y.f32(), pre, b, N, OC);
+  else if (y.bf16)
+    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu.f32(), y.bits(), pre, b, N, OC);
   else
-    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu, y.f32(), pre, b, N, OC);
+    bias_gelu_kernel<<<grid, 256, 0, s>>>(dgelu.f32(), y.f32(), pre, b, N, OC);
   CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward(float* dpre, const float* dy, const float* dgelu, size_t n, cudaStream_t s) {
+void gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, dgelu, n);
+  if (dgelu.bf16)
+    gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, dgelu.bits(), n);
+  else
+    gelu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dpre, dy, dgelu.f32(), n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -107,24 +107,23 @@ __global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, si
   }
 }
 
-// a(n) = silu(g) · u at a's width.
-template <typename Out>
-__global__ void swiglu_forward_kernel(Out* a, const float* g, const float* u, size_t n) {
+// a(n) = silu(g) · u at a's width, g and u read at theirs.
+template <typename Out, typename In>
+__global__ void swiglu_forward_kernel(Out* a, const In* g, const In* u, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float x = g[i];
+    const float x = load_value(g, int64_t(i));
     const float sig = 1.0f / (1.0f + expf(-x));
-    store_value(a, int64_t(i), x * sig * u[i]);
+    store_value(a, int64_t(i), x * sig * load_value(u, int64_t(i)));
   }
 }
 
 // silu'(g) = σ(g) (1 + g (1 − σ(g)))
-template <typename Out>
-__global__ void swiglu_backward_kernel(Out* dg, Out* du, const float* da, const float* g, const float* u,
-                                       size_t n) {
+template <typename Out, typename In>
+__global__ void swiglu_backward_kernel(Out* dg, Out* du, const float* da, const In* g, const In* u, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float x = g[i], grad = da[i];
+    const float x = load_value(g, int64_t(i)), grad = da[i];
     const float sig = 1.0f / (1.0f + expf(-x));
-    store_value(dg, int64_t(i), grad * u[i] * sig * (1.0f + x * (1.0f - sig)));
+    store_value(dg, int64_t(i), grad * load_value(u, int64_t(i)) * sig * (1.0f + x * (1.0f - sig)));
     store_value(du, int64_t(i), grad * x * sig);
   }
 }
@@ -174,21 +173,33 @@ void rope(float* x, int B, int T, int H, int D, float theta, bool inverse, float
   CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_forward(Act a, const float* g, const float* u, size_t n, cudaStream_t s) {
+// f(g's storage, u's storage), one width for both: bf16 bits or fp32.
+template <typename F>
+void with_inputs(ConstAct g, ConstAct u, F f) {
+  PIPER_CHECK(g.bf16 == u.bf16, "swiglu: g and u of different widths");
+  if (g.bf16) f(g.bits(), u.bits());
+  else f(g.f32(), u.f32());
+}
+
+void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  if (a.bf16)
-    swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a.bits(), g, u, n);
-  else
-    swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a.f32(), g, u, n);
+  with_inputs(g, u, [&](const auto* gs, const auto* us) {
+    if (a.bf16)
+      swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a.bits(), gs, us, n);
+    else
+      swiglu_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(a.f32(), gs, us, n);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(Act dg, Act du, const float* da, const float* g, const float* u, size_t n, cudaStream_t s) {
+void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  if (dg.bf16 && du.bf16)
-    swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg.bits(), du.bits(), da, g, u, n);
-  else
-    swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg.f32(), du.f32(), da, g, u, n);
+  with_inputs(g, u, [&](const auto* gs, const auto* us) {
+    if (dg.bf16 && du.bf16)
+      swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg.bits(), du.bits(), da, gs, us, n);
+    else
+      swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dg.f32(), du.f32(), da, gs, us, n);
+  });
   CUDA_CHECK_LAUNCH();
 }
 

@@ -82,8 +82,8 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
 // Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
 // keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
 struct AttentionStash {
-  float *ln1_mean, *ln1_rstd, *atty;
-  Act ln1, qkv;  // read by products alone (qkv by the attention's)
+  float *ln1_mean, *ln1_rstd;
+  Act ln1, qkv, atty;  // read by products alone (qkv by the attention's)
   Act att;       // the probabilities: bf16 as a held stash gives them back (kernels.hpp)
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
@@ -93,7 +93,7 @@ struct AttentionStash {
     qkv = c.keep_act(int64_t(s.n) * 3 * s.A, s.bf16);  // (n,3A): this rank's q, k, v
     c.tail_act(ln1, int64_t(s.n) * s.C, s.bf16);    // (n,C)
     c.tail_act(att, int64_t(s.b) * s.H * s.T * s.T, s.bf16);  // (b,H,T,T)
-    c.tail(atty, int64_t(s.n) * s.A);               // (n,A)
+    c.tail_act(atty, int64_t(s.n) * s.A, s.bf16);   // (n,A)
     c.finish();
     bytes = c.bytes();
     kept_bytes = c.kept_bytes;
@@ -126,9 +126,17 @@ SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
-  // fused backward: wstash + d(atty); the forward's fp32 qkv before it is rounded (bf16) fits in it
+  // fused backward: wstash + d(atty); the forward's fp32 qkv and attention output before they are rounded (bf16)
+  // fit in it, one after the other
   z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.A * f;
   return z;
+}
+
+// The attention's output atty (n,A) from qkv: in fp32 where it is computed (fp32_room), then settled into atty.
+void attend(Kernels& k, const Shape& s, const AttentionStash& st, const SegmentIO& io) {
+  float* y = fp32_room(st.atty, io.workspace);
+  k.attention_forward(y, st.att, st.qkv, s.b, s.T, s.A, s.H);
+  settle(k, st.atty, y, size_t(s.n) * s.A);
 }
 
 void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -138,7 +146,7 @@ void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
   const bool first = io.shard == 0;  // adds the bias after the split product, and the residual
   k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, w[kLn1W], w[kLn1B], s.n, s.C);  // (n,C)
   linear_into(k, st.qkv, io.workspace, st.ln1, w[kQkvW], w[kQkvB], s.n, s.C, 3 * s.A);          // (n,3A)
-  k.attention_forward(st.atty, st.att, st.qkv, s.b, s.T, s.A, s.H);                             // (n,A)
+  attend(k, s, st, io);                                                                          // (n,A)
   k.linear_forward(io.out, st.atty, w[kAttnProjW], first ? w[kAttnProjB] : nullptr, s.n, s.A, s.C);  // partial
   if (first) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                   // residual
 }
@@ -148,7 +156,7 @@ void attention_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const 
   const Shape s(d, io.samples, io.shards);
   AttentionStash st(StashParts::of(io), s);
   k.layernorm_forward(st.ln1, st.ln1_mean, st.ln1_rstd, io.in, io.w[kLn1W], io.w[kLn1B], s.n, s.C);  // (n,C)
-  k.attention_forward(st.atty, st.att, st.qkv, s.b, s.T, s.A, s.H);                                  // (n,A)
+  attend(k, s, st, io);                                                                               // (n,A)
 }
 
 void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -205,14 +213,15 @@ std::string attention_tp_refusal(const ModelDims& d, int k) {
 // Forward → backward: ln2's statistics and output, the GELU's output and derivative. Selective recompute keeps the
 // statistics and the GELU's output and derivative (made from a product) and recomputes the normed input.
 struct MlpStash {
-  float *ln2_mean, *ln2_rstd, *fc_dgelu;
+  float *ln2_mean, *ln2_rstd;
   Act ln2, fc_gelu;  // read by matmuls alone
+  Act fc_dgelu;      // read by the GELU's backward: bf16 as a held stash gives it back
   size_t bytes, kept_bytes;
   MlpStash(StashParts p, const Shape& s) {
     StashCarver c(p);
     ln2_mean = c.keep_exact(s.n);                      // (n)
     ln2_rstd = c.keep_exact(s.n);                      // (n)
-    fc_dgelu = c.keep<float>(int64_t(s.n) * s.F);   // gelu'(fc pre-activation) (n,F), for the backward
+    fc_dgelu = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // gelu'(fc pre-activation) (n,F), for the backward
     fc_gelu = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // (n,F)
     c.tail_act(ln2, int64_t(s.n) * s.C, s.bf16);       // (n,C)
     c.finish();
@@ -247,7 +256,7 @@ SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
-  z.workspace_bytes = z.wstash_bytes;  // fused backward: the wstash
+  z.workspace_bytes = z.wstash_bytes;  // fused backward: the wstash; the forward's fp32 fc product (bf16) fits in it
   return z;
 }
 
@@ -257,7 +266,7 @@ void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO
   const float* const* w = io.w;
   const bool first = io.shard == 0;  // adds the bias after the split product, and the residual
   k.layernorm_forward(st.ln2, st.ln2_mean, st.ln2_rstd, io.in, w[kLn2W], w[kLn2B], s.n, s.C);       // (n,C)
-  k.linear_gelu_forward(st.fc_dgelu, st.fc_gelu, st.ln2, w[kFcW], w[kFcB], s.n, s.C, s.F);          // (n,F)
+  k.linear_gelu_forward(st.fc_dgelu, st.fc_gelu, st.ln2, w[kFcW], w[kFcB], s.n, s.C, s.F, io.workspace);  // (n,F)
   k.linear_forward(io.out, st.fc_gelu, w[kMlpProjW], first ? w[kMlpProjB] : nullptr, s.n, s.F, s.C);  // partial
   if (first) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                                        // residual
 }

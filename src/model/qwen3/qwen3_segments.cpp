@@ -279,14 +279,15 @@ std::string attention_tp_refusal(const ModelDims& d, int k) {
 // ---------------------------------------------------------------- MLP half: x + down(silu(gate h) · up h)
 // Selective recompute keeps the projections and recomputes the normed input and silu(g)·u.
 struct MlpStash {
-  float *rstd, *g, *u;
+  float* rstd;
   Act h, a;  // read by matmuls alone
+  Act g, u;  // read by SwiGLU (and its backward): bf16 as a held stash gives them back
   size_t bytes, kept_bytes;
   MlpStash(StashParts p, const Shape& s) {
     StashCarver c(p);
     rstd = c.keep_exact(s.n);               // (n)
-    g = c.keep<float>(int64_t(s.n) * s.F);  // gate projection (n,F)
-    u = c.keep<float>(int64_t(s.n) * s.F);  // up projection (n,F)
+    g = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // gate projection (n,F)
+    u = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // up projection (n,F)
     c.tail_act(h, int64_t(s.n) * s.C, s.bf16);  // normed input (n,C)
     c.tail_act(a, int64_t(s.n) * s.F, s.bf16);  // silu(g)·u (n,F)
     c.finish();
@@ -322,7 +323,8 @@ SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
-  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.F * f;  // fused backward: wstash + d(silu(g)·u)
+  // fused backward: wstash + d(silu(g)·u); the forward's fp32 g and u (bf16) in the first 2 (n,F)
+  z.workspace_bytes = std::max(z.wstash_bytes + size_t(s.n) * s.F * f, 2 * size_t(s.n) * s.F * f);
   return z;
 }
 
@@ -338,9 +340,14 @@ void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO
   MlpStash st(StashParts::of(io), s);
   const float* const* w = io.w;
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
-  k.linear_forward(st.g, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);               // (n,F)
-  k.linear_forward(st.u, st.h, w[kUpProj], nullptr, s.n, s.C, s.F);                 // (n,F)
-  k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.F);                            // (n,F)
+  // the projections in fp32 (bf16: in the workspace, SwiGLU from them, then rounded into the stash)
+  float* g = fp32_room(st.g, io.workspace);
+  float* u = fp32_room(st.u, io.workspace ? io.workspace + size_t(s.n) * s.F : nullptr);
+  k.linear_forward(g, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);                  // (n,F)
+  k.linear_forward(u, st.h, w[kUpProj], nullptr, s.n, s.C, s.F);                    // (n,F)
+  k.swiglu_forward(st.a, g, u, size_t(s.n) * s.F);                                  // (n,F)
+  settle(k, st.g, g, size_t(s.n) * s.F);
+  settle(k, st.u, u, size_t(s.n) * s.F);
   k.linear_forward(io.out, st.a, w[kDownProj], nullptr, s.n, s.F, s.C);             // (n,C), partial
   if (io.shard == 0) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                // residual
 }
