@@ -26,6 +26,8 @@ void add_bf16_activation_cases(std::vector<KernelCase>& cases);  // kernels that
 std::function<void(Kernels&, Buffers&)> in_bf16(std::function<void(Kernels&, Buffers&)> call);
 // The fp32 tensor `in` (n values) as a bf16 activation, rounded into scratch (kernel_cases_bf16.cpp).
 ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n);
+// The fp32 tensor `name` (n values) rounded to bf16 in place: to bf16 and back (kernel_cases_bf16.cpp).
+void round_in_place(Kernels& k, Buffers& b, const std::string& name, size_t n);
 std::vector<float> rounded(std::vector<float> v);  // each value rounded to bf16
 // a(n,in) · b (out,in)ᵀ, or with b_transposed b (in,out), in double: (n,out)
 std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int n, int in, int out,

@@ -27,6 +27,12 @@ ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n) {
   return ConstAct(held, true);
 }
 
+void round_in_place(Kernels& k, Buffers& b, const std::string& name, size_t n) {
+  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+  k.to_bf16(held, b.f(name), n);
+  k.from_bf16(b.f(name), held, n);
+}
+
 std::vector<float> rounded(std::vector<float> v) {
   for (float& x : v) x = round_bf16(x);
   return v;
@@ -362,12 +368,10 @@ std::function<void(const Tensors&, const Tensors&)> differs_from_fp32_kernel(
   };
 }
 
-// GPT-2 attention (qkv(B,T,3C), P after its normalisation rounded, on both backends).
-void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
-  const int B = 2, T = 37, C = 96, NH = 3, hd = C / NH;
-  const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
+// The tensors of a GPT-2 attention case: qkv(B,T,3C) in (-2, 2), dy(B,T,C); y, att(B,NH,T,T) and dqkv filled.
+std::function<Tensors(std::mt19937&)> gpt2_attention_start(int B, int T, int C, int NH) {
   const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
-  auto start = [=](std::mt19937& gen) {
+  return [=](std::mt19937& gen) {
     Tensors t;
     t["qkv"] = f32(uniform(gen, n_qkv, -2.f, 2.f));
     t["dy"] = f32(uniform(gen, n_y));
@@ -376,6 +380,26 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
     t["dqkv"] = f32(filled(n_qkv, 1e3f));
     return t;
   };
+}
+
+// The same with att the probabilities of the CPU's bf16 forward (the input of a backward case).
+std::function<Tensors(std::mt19937&)> gpt2_attention_after_forward(int B, int T, int C, int NH) {
+  auto start = gpt2_attention_start(B, T, C, NH);
+  return [=](std::mt19937& gen) {
+    Tensors t = start(gen);
+    HostInBf16 bf16;
+    std::vector<float> y(size_t(B) * T * C);
+    host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
+    return t;
+  };
+}
+
+// GPT-2 attention (qkv(B,T,3C), P after its normalisation rounded, on both backends).
+void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
+  const int B = 2, T = 37, C = 96, NH = 3, hd = C / NH;
+  const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
+  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
+  auto start = gpt2_attention_start(B, T, C, NH);
   // head h of sequence b: q, k, v at columns part · C + h · hd of qkv's rows; y and dy at h · hd of theirs
   auto part = [=](int b, int h, int p) {
     return RowsView{size_t(b) * T * 3 * C + size_t(p) * C + size_t(h) * hd, size_t(3 * C)};
@@ -417,14 +441,7 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
        })});
   cases.push_back(
       {.name = "bf16 attention_backward " + shape,  // from the CPU's bf16 forward's att
-       .make =
-           [=](std::mt19937& gen) {
-             Tensors t = start(gen);
-             HostInBf16 bf16;
-             std::vector<float> y(n_y);
-             host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
-             return t;
-           },
+       .make = gpt2_attention_after_forward(B, T, C, NH),
        .call = in_bf16([=](Kernels& k, Buffers& b) {
          float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
          k.attention_backward(b.f("dqkv"), b.f("dy"), b.f("qkv"), b.f("att"), scratch, B, T, C, NH);
@@ -457,13 +474,6 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
        })});
 }
 
-// `name` (n values) rounded to bf16 in place: to bf16 and back.
-void round_in_place(Kernels& k, Buffers& b, const std::string& name, size_t n) {
-  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
-  k.to_bf16(held, b.f(name), n);
-  k.from_bf16(b.f(name), held, n);
-}
-
 // GPT-2 attention with its probabilities att held in bf16 (a bf16 run's stash): the forward writes P rounded, the
 // backward reads it so; each the same bits as the fp32-att call with att rounded after (forward) or before
 // (backward). CUDA against the CPU: y and dqkv as the fp32-att cases; att a bf16 step (2^-7) where the two fp32
@@ -471,16 +481,8 @@ void round_in_place(Kernels& k, Buffers& b, const std::string& name, size_t n) {
 void bf16_gpt2_attention_bf16_att_cases(std::vector<KernelCase>& cases) {
   const int B = 2, T = 37, C = 96, NH = 3;
   const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
-  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
-  auto start = [=](std::mt19937& gen) {
-    Tensors t;
-    t["qkv"] = f32(uniform(gen, n_qkv, -2.f, 2.f));
-    t["dy"] = f32(uniform(gen, n_y));
-    t["y"] = f32(filled(n_y, 5.f));
-    t["att"] = f32(filled(n_att, 5.f));
-    t["dqkv"] = f32(filled(n_qkv, 1e3f));
-    return t;
-  };
+  const size_t n_qkv = size_t(B) * T * 3 * C, n_att = size_t(B) * NH * T * T;
+  auto start = gpt2_attention_start(B, T, C, NH);
   cases.push_back({.name = "bf16 attention_forward into a bf16 att " + shape,
                    .make = start,
                    .call = in_bf16([=](Kernels& k, Buffers& b) {
@@ -497,14 +499,7 @@ void bf16_gpt2_attention_bf16_att_cases(std::vector<KernelCase>& cases) {
                               }),
                               .rtol = 0}}});
   cases.push_back({.name = "bf16 attention_backward from a bf16 att " + shape,  // from the CPU's bf16 forward's att
-                   .make =
-                       [=](std::mt19937& gen) {
-                         Tensors t = start(gen);
-                         HostInBf16 bf16;
-                         std::vector<float> y(n_y);
-                         host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
-                         return t;
-                       },
+                   .make = gpt2_attention_after_forward(B, T, C, NH),
                    .call = in_bf16([=](Kernels& k, Buffers& b) {
                      float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
                      k.attention_backward(b.f("dqkv"), b.f("dy"), as_bf16(k, b, "qkv", n_qkv),

@@ -40,11 +40,7 @@ Twin fp32_then_rounded(std::vector<std::pair<std::string, size_t>> outs,
           .call =
               [=](Kernels& k, Buffers& b) {
                 fp32_call(k, b);
-                for (const auto& [out, n] : outs) {
-                  auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
-                  k.to_bf16(held, b.f(out), n);
-                  k.from_bf16(b.f(out), held, n);
-                }
+                for (const auto& [out, n] : outs) round_in_place(k, b, out, n);
               },
           .rtol = 0};
 }
@@ -332,13 +328,9 @@ void linear_cases(std::vector<KernelCase>& cases) {
   }
 }
 
-// `names` (n values each) rounded to bf16 in place: to bf16 and back.
+// `names` (n values each) rounded to bf16 in place.
 void round_each(Kernels& k, Buffers& b, const std::vector<std::string>& names, size_t n) {
-  for (const std::string& name : names) {
-    auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
-    k.to_bf16(held, b.f(name), n);
-    k.from_bf16(b.f(name), held, n);
-  }
+  for (const std::string& name : names) round_in_place(k, b, name, n);
 }
 
 // The elementwise kernels that read what a held stash gives back in bf16 (GELU's derivative, SwiGLU's g and u) from
