@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "backend/kernels.hpp"
+#include "util/error.hpp"
 #include "util/precision.hpp"
 
 namespace piper::cpu {
@@ -25,9 +26,17 @@ inline void store(Act y, size_t at, size_t n, Value value) {
 inline float value(const float* p, size_t i) { return p[i]; }
 inline float value(const uint16_t* p, size_t i) { return bf16_value(p[i]); }
 
-// f(a's storage, b's storage) for two activations of one width, as typed pointers (one loop per width).
+// f(a's storage) as a typed pointer (one loop per width).
 template <typename F>
-inline void with_storage(ConstAct a, ConstAct b, F f) {
+inline void with_storage(ConstAct a, F f) {
+  if (a.bf16) f(a.bits());
+  else f(a.f32());
+}
+
+// f(a's storage, b's storage) for two activations that `call` needs at one width (an error otherwise).
+template <typename F>
+inline void with_storage(const char* call, ConstAct a, ConstAct b, F f) {
+  PIPER_CHECK(a.bf16 == b.bf16, call, ": inputs of different widths");
   if (a.bf16) f(a.bits(), b.bits());
   else f(a.f32(), b.f32());
 }

@@ -84,15 +84,10 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
     // dS = P ⊙ (dP − Σ_j P dP), causal, with P as att holds it (a bf16 att widened)
     for (int t = 0; t < T; ++t) {
       float* __restrict d = dP + int64_t(t) * T;
-      if (P.bf16) {
-        const uint16_t* __restrict p = P.bits() + int64_t(t) * T;
-        const float dot = vec::lane_sum(t + 1, [&](int j) { return bf16_value(p[j]) * d[j]; });
-        for (int j = 0; j <= t; ++j) d[j] = bf16_value(p[j]) * (d[j] - dot);
-      } else {
-        const float* __restrict p = P.f32() + int64_t(t) * T;
-        const float dot = vec::lane_sum(t + 1, [&](int j) { return p[j] * d[j]; });
-        for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
-      }
+      cpu::with_storage(P.at(int64_t(t) * T), [&](const auto* __restrict p) {
+        const float dot = vec::lane_sum(t + 1, [&](int j) { return cpu::value(p, j) * d[j]; });
+        for (int j = 0; j <= t; ++j) d[j] = cpu::value(p, j) * (d[j] - dot);
+      });
       for (int j = t + 1; j < T; ++j) d[j] = 0.f;
     }
     // dQ = dS · K · scale; dK = dS^T · Q · scale

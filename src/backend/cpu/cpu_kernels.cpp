@@ -231,13 +231,9 @@ void CpuKernels::gelu_backward(float* dpre, const float* dy, ConstAct dgelu, siz
   for_range(n, threads_, [&](size_t b, size_t e) {
     float* out = dpre;  // may alias dy: each element is read before it is written
     const float* g = dy;
-    if (dgelu.bf16) {
-      const uint16_t* __restrict d = dgelu.bits();
-      for (size_t i = b; i < e; ++i) out[i] = g[i] * bf16_value(d[i]);
-      return;
-    }
-    const float* __restrict d = dgelu.f32();
-    for (size_t i = b; i < e; ++i) out[i] = g[i] * d[i];
+    cpu::with_storage(dgelu, [&](const auto* __restrict d) {
+      for (size_t i = b; i < e; ++i) out[i] = g[i] * cpu::value(d, i);
+    });
   });
 }
 

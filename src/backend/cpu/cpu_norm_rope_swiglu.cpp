@@ -106,9 +106,8 @@ void CpuKernels::rope(float* x, int B, int T, int H, int D, float theta, bool in
 }
 
 void CpuKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {
-  PIPER_CHECK(g.bf16 == u.bf16, "swiglu_forward: g and u of different widths");
   for_range(n, threads_, [&](size_t e0, size_t e1) {
-    cpu::with_storage(g, u, [&](const auto* gs, const auto* us) {
+    cpu::with_storage("swiglu_forward", g, u, [&](const auto* gs, const auto* us) {
       const auto* __restrict gate = gs + e0;
       const auto* __restrict up = us + e0;
       cpu::store(a, e0, e1 - e0, [&](size_t i) {
@@ -123,10 +122,9 @@ void CpuKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {
 void CpuKernels::swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) {
   // silu'(g) = σ(g) (1 + g (1 − σ(g)))
   PIPER_CHECK(dg.bf16 == du.bf16, "swiglu_backward: dg and du of different widths");
-  PIPER_CHECK(g.bf16 == u.bf16, "swiglu_backward: g and u of different widths");
   for_range(n, threads_, [&](size_t e0, size_t e1) {
     const float* __restrict grad = da;
-    cpu::with_storage(g, u, [&](const auto* gate, const auto* up) {
+    cpu::with_storage("swiglu_backward", g, u, [&](const auto* gate, const auto* up) {
       auto each = [&](auto* __restrict dgate, auto* __restrict dup, auto put) {
         for (size_t i = e0; i < e1; ++i) {
           const float x = cpu::value(gate, i);
