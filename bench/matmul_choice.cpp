@@ -1,7 +1,8 @@
 // matmul_choice: times the matmuls of a training step (linear forward, backward input, backward weight) on
 // each way of running them — piper's split of one OpenBLAS call per thread by rows, columns or K, OpenBLAS's
-// own threads, BLIS, oneDNN, and bf16 inputs (fp32 accumulation and output) through oneDNN or OpenBLAS's sbgemm
-// where the installed builds have them — interleaved, so the backend's choice rests on this machine's numbers.
+// own threads, BLIS, oneDNN, and bf16 inputs (fp32 accumulation and output) through oneDNN's bf16 gemm, its matmul
+// primitive or OpenBLAS's sbgemm where the installed builds have them — interleaved, so the backend's choice rests
+// on this machine's numbers.
 #include <dlfcn.h>
 #include <omp.h>
 
@@ -20,6 +21,7 @@
 #include <cblas.h>
 
 #include "backend/cpu/cpu_kernels.hpp"
+#include "backend/cpu/onednn_matmul.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -243,6 +245,11 @@ int main(int argc, char** argv) {
     ways.push_back({"bf16-onednn", [&](const Gemm& g, const float*, const float*, float* C) {
                       omp_set_num_threads(threads);
                       dnnl.run_bf16(g, Ab.data(), Bb.data(), C);
+                    }});
+  if (piper::onednn_matmul_available())  // oneDNN's matmul primitive, as piper's bf16 linear layers call it
+    ways.push_back({"bf16-onednn-matmul", [&](const Gemm& g, const float*, const float*, float* C) {
+                      piper::onednn_matmul(g.ta, g.tb, g.M, g.N, g.K, Ab.data(), g.lda, Bb.data(), g.ldb, 0.f, C, g.ldc,
+                                    threads);
                     }});
   const auto sbgemm = reinterpret_cast<sbgemm_t>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   if (sbgemm)

@@ -14,6 +14,7 @@ PKGS=(g++ cmake make pkg-config
       catch2
       libopenblas-dev
       libdnnl2   # oneDNN, loaded at run time: job.precision = "bf16" matmuls on processors with bf16 instructions
+      libdnnl-dev   # oneDNN's headers: the types of its matmul primitive's C API, called through libdnnl2
       fortunes-min fortunes
       strace    # the watchdog test holds a rank inside a checkpoint write (syscall delay injection)
       python3-matplotlib)   # tools/plot-metrics.py draws with it

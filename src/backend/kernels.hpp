@@ -88,6 +88,9 @@ class Kernels {
   // where db is null.
   virtual void linear_backward_weight(float* dw, float* db, ConstAct dy, ConstAct x, int N, int C, int OC,
                                       bool accumulate) = 0;
+  // dst(N,C) = src rounded to bf16 (as to_bf16), and sums(C) = Σ_rows src summed as linear_backward_weight sums its
+  // db (its bits, on each backend): a gradient that products read in bf16, with its bias gradient from fp32.
+  virtual void to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) = 0;
   // Many independent products in one call (the experts of a mixture of experts): the same as one
   // linear_forward / linear_backward_input / linear_backward_weight call per group, in list order. Groups that
   // write the same output name the same matrix and run in list order; other outputs do not overlap, and no group
@@ -154,13 +157,14 @@ class Kernels {
 
   // ---- RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, token embedding ----
   // y(N,C) = x * rstd * w with rstd(N) = 1 / sqrt(mean_c x² + eps), kept for the backward. y may not alias x; it
-  // may be a bf16 activation (each value computed in fp32, then rounded).
-  virtual void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
+  // may be a bf16 activation (each value computed in fp32, then rounded). x may be a bf16 activation (read widened),
+  // in the three calls.
+  virtual void rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps) = 0;
   // dx(N,C) (+)= d/dx of rmsnorm given dy(N,C); dx may be a bf16 activation where it is written (not accumulated).
-  virtual void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w,
-                                      int N, int C, bool accumulate) = 0;
+  virtual void rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd, const float* w, int N,
+                                      int C, bool accumulate) = 0;
   // dw(C) (+)= Σ_rows dy * x * rstd
-  virtual void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+  virtual void rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N, int C,
                                        bool accumulate) = 0;
   // Rotary position embedding in place on x(B,T,H,D), rotate-half convention (Hugging Face Llama/Qwen): for
   // position t and i < D/2, angle a = t · inv_freq_i with inv_freq_i = 1 / theta^(2i/D) (computed in float as
@@ -174,10 +178,11 @@ class Kernels {
   virtual void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
                                      int KV, int D) = 0;
   // dq(B,T,H,D), dk(B,T,KV,D), dv(B,T,KV,D) written (not accumulated) from dy(B,T,H,D); probabilities are
-  // recomputed from q, k and lse; y is the forward output. scratch: gqa_attention_scratch_floats(...) floats.
+  // recomputed from q, k and lse; y is the forward output (a bf16 activation where it was rounded into one).
+  // scratch: gqa_attention_scratch_floats(...) floats.
   virtual void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                                      ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
-                                      int H, int KV, int D) = 0;
+                                      ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T, int H,
+                                      int KV, int D) = 0;
   virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
   // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded), and
   // g and u bf16 activations (both or neither; widened).

@@ -144,15 +144,15 @@ void ProfilingKernels::embedding_backward(float* dwte, float* dwpe, const float*
   timed("embedding_backward",
         [&] { k_.embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe); });
 }
-void ProfilingKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C,
+void ProfilingKernels::rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C,
                                        float eps) {
   timed("rmsnorm_forward", [&] { k_.rmsnorm_forward(y, rstd, x, w, N, C, eps); });
 }
-void ProfilingKernels::rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd,
+void ProfilingKernels::rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd,
                                               const float* w, int N, int C, bool accumulate) {
   timed("rmsnorm_backward_input", [&] { k_.rmsnorm_backward_input(dx, dy, x, rstd, w, N, C, accumulate); });
 }
-void ProfilingKernels::rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N,
+void ProfilingKernels::rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N,
                                                int C, bool accumulate) {
   timed("rmsnorm_backward_weight", [&] { k_.rmsnorm_backward_weight(dw, dy, x, rstd, N, C, accumulate); });
 }
@@ -164,7 +164,7 @@ void ProfilingKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, C
   timed("gqa_attention_forward", [&] { k_.gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D); });
 }
 void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q,
-                                              ConstAct k, ConstAct v, const float* y, const float* lse,
+                                              ConstAct k, ConstAct v, ConstAct y, const float* lse,
                                               float* scratch, int B, int T, int H, int KV, int D) {
   timed("gqa_attention_backward",
         [&] { k_.gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D); });
@@ -219,6 +219,9 @@ void ProfilingKernels::accumulate(float* y, const float* x, size_t n) {
 }
 void ProfilingKernels::fill(float* y, float value, size_t n) {
   timed("fill", [&] { k_.fill(y, value, n); });
+}
+void ProfilingKernels::to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) {
+  timed("to_bf16_with_column_sums", [&] { k_.to_bf16_with_column_sums(dst, sums, src, N, C); });
 }
 void ProfilingKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {
   timed("to_bf16", [&] { k_.to_bf16(dst, src, n); });

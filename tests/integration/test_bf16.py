@@ -13,7 +13,7 @@ steps the bf16 loss is within 2% of the fp32 loss (bench/bf16.py --curves compar
 
 Where a pass's fp32 view would pass a twelfth of a microbatch's held stashes, it runs by pieces of at least 512 rows
 (each piece's stash held after the one before, so that the view holds one piece): a longer Qwen3 (whose attention
-keeps fp32 values in its view; GPT-2's blocks keep only their norms' statistics there) compares DP2, ZB-H1 and
+view keeps its norms' statistics and log-sum-exps, a large share of so narrow a model's stash) compares DP2, ZB-H1 and
 PP2 x DP2 with pieces to one process, and it, configs/quickstart.toml and configs/qwen3-small.toml (4 layers) hold
 their activation peak in bf16 at most 0.55 of fp32's, the compiler's estimate within 2% of the measured peak.
 
@@ -126,8 +126,9 @@ def main():
     same_run("GPT-2 bf16 TP2", ref, train(d, "gpt-tp2", gpt, 2, ["--set", "mesh.tp=2"])[0])
 
     # A longer Qwen3 (sequences of 64, a batch of 32, two layers): its attention passes run in pieces of at least
-    # 512 rows (its view keeps q and k before their norms and the attention output in fp32; its MLP's view only the
-    # norm's statistics, one piece), fewer per replica under DP2 and per microbatch under ZB-H1's split backward, whose
+    # 512 rows (its view keeps the statistics of its three norms per row and head and the log-sum-exps, over a
+    # twelfth of its stash at width 32; its MLP's view only the norm's statistics, one piece), fewer per replica
+    # under DP2 and per microbatch under ZB-H1's split backward, whose
     # BI→BW stash is in pieces too, each piece's stash held after the one before; every strategy is still the
     # one-process bf16 run. 10 steps: with 8 times the rounded values of the tiny run, strategies part faster.
     long = bf16(tiny_qwen3(layers=2, batch=32)).replace("seq_len = 16", "seq_len = 64")

@@ -223,7 +223,17 @@ void bf16_storage_cases(std::vector<KernelCase>& cases) {
                            for (size_t i = 0; i < n; ++i) y[i] = round_bf16(t["x"].f[i]);
                            t["y"] = f32(y);
                          },
-                     .cuda_repeatable = true});
+                     .cuda_repeatable = true,
+                     // the same rounding where column sums are taken in the same pass: one row of 5, or n rows of 1
+                     .twins = {{.what = "rounded by to_bf16_with_column_sums",
+                                .call =
+                                    [=](Kernels& k, Buffers& b) {
+                                      const int C = n == 5 ? 5 : 1, N = int(n) / C;
+                                      auto* held = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+                                      k.to_bf16_with_column_sums(held, b.scratch(size_t(C)), b.f("x"), N, C);
+                                      k.from_bf16(b.f("y"), held, n);
+                                    },
+                                .rtol = 0}}});
   }
 }
 
@@ -637,6 +647,28 @@ void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
                                     t["q"].f.data(), t["k"].f.data(), t["v"].f.data(), t["y"].f.data(),
                                     t["lse"].f.data(), scratch.data(), s.B, s.T, s.H, s.KV, s.D);
          })});
+     // y as a bf16 run holds it (rounded into the stash by the forward): the bits of the call on y rounded first
+    cases.push_back(
+        {.name = "bf16 gqa_attention_backward from a bf16 y " + shape,
+         .make = cases.back().make,
+         .call = in_bf16([=](Kernels& k, Buffers& b) {
+           float* scratch = b.scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+           k.gqa_attention_backward(b.f("dq"), b.f("dk"), b.f("dv"), b.f("dy"), as_bf16(k, b, "q", nq),
+                                    as_bf16(k, b, "k", nk), as_bf16(k, b, "v", nk), as_bf16(k, b, "y", nq), b.f("lse"),
+                                    scratch, s.B, s.T, s.H, s.KV, s.D);
+         }),
+         .outs = {{"dq", 1.5e-2, 0}, {"dk", 1.5e-2, 0}, {"dv", 1.5e-2, 0}},
+         .threads_rtol = 0,
+         .cuda_repeatable = true,
+         .twins = {{.what = "on y rounded first",
+                    .call = in_bf16([=](Kernels& k, Buffers& b) {
+                      round_in_place(k, b, "y", nq);
+                      float* scratch = b.scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.H, s.KV, s.D));
+                      k.gqa_attention_backward(b.f("dq"), b.f("dk"), b.f("dv"), b.f("dy"), b.f("q"), b.f("k"),
+                                               b.f("v"), b.f("y"), b.f("lse"), scratch, s.B, s.T, s.H, s.KV, s.D);
+                    }),
+                    .rtol = 0,
+                    .outs = {"dq", "dk", "dv"}}}});
   }
 }
 

@@ -141,6 +141,40 @@ void norm_cases(std::vector<KernelCase>& cases) {
          .twins = {fp32_then_rounded({{"dx", n}}, [=](Kernels& k, Buffers& b) {
            k.rmsnorm_backward_input(b.f("dx"), b.f("dy"), b.f("x"), b.f("rstd"), b.f("w"), N, C, false);
          })}});
+     // from a bf16 x (Qwen3's q and k before their norms): the bits of the calls on x rounded first
+    auto from_rounded = [=](std::function<void(Kernels&, Buffers&, ConstAct)> call) {
+      return Twin{.what = "on x rounded first",
+                  .call =
+                      [=](Kernels& k, Buffers& b) {
+                        round_in_place(k, b, "x", n);
+                        call(k, b, b.f("x"));
+                      },
+                  .rtol = 0};
+    };
+    auto forward = [=](Kernels& k, Buffers& b, ConstAct x) {
+      k.rmsnorm_forward(b.f("y"), b.f("rstd"), x, b.f("w"), N, C, eps);
+    };
+    cases.push_back({.name = "rmsnorm_forward from a bf16 x " + shape,
+                     .make = start,
+                     .call = [=](Kernels& k, Buffers& b) { forward(k, b, as_bf16(k, b, "x", n)); },
+                     .outs = {{"y", 1e-5, 0}, {"rstd", 1e-5, 0}},
+                     .cuda_repeatable = true,
+                     .twins = {from_rounded(forward)}});
+    auto backward = [=](Kernels& k, Buffers& b, ConstAct x) {
+      k.rmsnorm_backward_input(b.f("dx"), b.f("dy"), x, b.f("rstd"), b.f("w"), N, C, true);
+      k.rmsnorm_backward_weight(b.f("dw"), b.f("dy"), x, b.f("rstd"), N, C, true);
+    };
+    cases.push_back({.name = "rmsnorm_backward_input and _weight from a bf16 x " + shape,
+                     .make =
+                         [=](std::mt19937& gen) {
+                           Tensors t = with_rstd(gen);
+                           t["dw"] = f32(uniform(gen, size_t(C)));
+                           return t;
+                         },
+                     .call = [=](Kernels& k, Buffers& b) { backward(k, b, as_bf16(k, b, "x", n)); },
+                     .outs = {{"dx", 1e-5, 0}, {"dw", 1e-5, 0}},
+                     .cuda_repeatable = true,
+                     .twins = {from_rounded(backward)}});
   }
 }
 

@@ -131,6 +131,15 @@ void linear_cases(std::vector<KernelCase>& cases) {
                                                  k.linear_backward_weight(tmp[0], tmp[1], b.f("dy"), b.f("x"), N, C, OC,
                                                                           false);
                                                }));
+        if (with_db && !acc)  // the bias gradient from the fp32 dy while it is rounded (a bf16 run's product gradient)
+          c.twins.push_back({.what = "db by to_bf16_with_column_sums",
+                             .call =
+                                 [=](Kernels& k, Buffers& b) {
+                                   auto* bits = reinterpret_cast<uint16_t*>(b.scratch((size_t(N) * OC + 1) / 2));
+                                   k.to_bf16_with_column_sums(bits, b.f("db"), b.f("dy"), N, OC);
+                                 },
+                             .rtol = 0,
+                             .outs = {"db"}});
         if (!with_db)  // dw does not depend on whether db is asked for
           c.twins.push_back({.what = "dw with a db",
                              .call =

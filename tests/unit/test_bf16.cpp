@@ -50,11 +50,14 @@ TEST_CASE("bf16 rounding: nearest, ties to even, exact values kept, inf and NaN"
   }
 }
 
-TEST_CASE("bf16 gemm: oneDNN and sgemm of rounded operands agree on every transpose", "[bf16]") {
+TEST_CASE("bf16 gemm: oneDNN's gemm and matmul and sgemm of rounded operands agree on every transpose", "[bf16]") {
   if (!bf16_onednn_loaded()) {
     WARN("libdnnl.so.2 does not load here: only the rounded path is checked (by the kernel cases)");
     return;
   }
+  std::vector<Bf16GemmPath> paths = {Bf16GemmPath::OneDnn};
+  if (bf16_onednn_matmul_loaded()) paths.push_back(Bf16GemmPath::OneDnnMatmul);
+  else WARN("oneDNN's matmul primitive cannot be called here: its gemm alone is checked");
   const int M = 70, N = 45, K = 131;
   std::mt19937 gen(9);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -66,15 +69,57 @@ TEST_CASE("bf16 gemm: oneDNN and sgemm of rounded operands agree on every transp
     for (bool tb : {false, true})
       for (float beta : {0.f, 1.f}) {
         const int lda = ta ? M : K, ldb = tb ? K : N;
-        std::vector<float> c1 = prior, c2 = prior;
-        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, c1.data(), N, 1, Bf16GemmPath::OneDnn);
-        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, c2.data(), N, 2,
+        std::vector<float> want = prior;
+        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, want.data(), N, 2,
                            Bf16GemmPath::Rounded);
-        double worst = 0;
-        for (size_t i = 0; i < c1.size(); ++i) worst = std::max(worst, double(std::abs(c1[i] - c2[i])));
-        INFO("ta " << ta << " tb " << tb << " beta " << beta << ": largest difference " << worst);
-        CHECK(worst < 1e-4);  // sums of 131 products of size < 1 in fp32, in two orders
+        for (Bf16GemmPath path : paths)
+          for (int threads : {1, 2}) {
+            std::vector<float> c = prior;
+            bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, c.data(), N, threads, path);
+            double worst = 0;
+            for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, double(std::abs(c[i] - want[i])));
+            INFO((path == Bf16GemmPath::OneDnn ? "gemm" : "matmul") << " threads " << threads << " ta " << ta
+                                                                     << " tb " << tb << " beta " << beta
+                                                                     << ": largest difference " << worst);
+            CHECK(worst < 1e-4);  // sums of 131 products of size < 1 in fp32, in two orders
+          }
       }
+}
+
+TEST_CASE("bf16 gemm: oneDNN's matmul reads and writes inside wider rows, and a shape made before serves new buffers",
+          "[bf16]") {
+  if (!bf16_onednn_matmul_loaded()) {
+    WARN("oneDNN's matmul primitive cannot be called here");
+    return;
+  }
+  const int M = 21, N = 17, K = 40, pad = 5;  // every matrix inside rows `pad` wider than it
+  std::mt19937 gen(12);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int round = 0; round < 2; ++round) {  // the second time: the shape's primitive again, other buffers
+        const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+        std::vector<float> A(size_t(ta ? K : M) * lda), B(size_t(tb ? N : K) * ldb), C(size_t(M) * ldc);
+        for (auto* v : {&A, &B, &C})
+          for (float& x : *v) x = u(gen);
+        std::vector<float> got = C, want = C;
+        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, 1.f, want.data(), ldc, 2,
+                           Bf16GemmPath::Rounded);
+        bf16_gemm_parallel(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, 1.f, got.data(), ldc, 2,
+                           Bf16GemmPath::OneDnnMatmul);
+        INFO("ta " << ta << " tb " << tb << " round " << round);
+        for (int r = 0; r < M; ++r)
+          for (int c = 0; c < ldc; ++c) {
+            const size_t i = size_t(r) * ldc + c;
+            if (c < N) CHECK(got[i] == Approx(want[i]).margin(1e-4));
+            else CHECK(got[i] == C[i]);  // the padding is left as it was
+          }
+      }
+  std::vector<float> C(6, 3.f);
+  bf16_gemm_parallel(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 1.f, C.data(), 3, 2, Bf16GemmPath::OneDnnMatmul);
+  CHECK(C == std::vector<float>(6, 3.f));  // an empty sum added
+  bf16_gemm_parallel(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.f, C.data(), 3, 2, Bf16GemmPath::OneDnnMatmul);
+  CHECK(C == std::vector<float>(6, 0.f));
 }
 
 TEST_CASE("bf16 linear layers with kept weights: the same bits, and a weight changed after the scope is read again",
@@ -120,6 +165,7 @@ TEST_CASE("bf16 gemm: bf16 operands give the bits of the fp32 values they round,
   for (size_t i = 0; i < B.size(); ++i) b16[i] = bf16_bits(B[i]);
   std::vector<Bf16GemmPath> paths = {Bf16GemmPath::Rounded};
   if (bf16_onednn_loaded()) paths.push_back(Bf16GemmPath::OneDnn);
+  if (bf16_onednn_matmul_loaded()) paths.push_back(Bf16GemmPath::OneDnnMatmul);
   for (Bf16GemmPath path : paths)
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
@@ -130,7 +176,7 @@ TEST_CASE("bf16 gemm: bf16 operands give the bits of the fp32 values they round,
                   path);
         bf16_gemm(ta, tb, M, N, K, {nullptr, a16.data(), lda}, {nullptr, b16.data(), ldb}, 1.f, both_bits.data(), N,
                   2, path);
-        INFO("path " << (path == Bf16GemmPath::OneDnn ? "oneDNN" : "rounded") << " ta " << ta << " tb " << tb);
+        INFO("path " << int(path) << " ta " << ta << " tb " << tb);
         CHECK(a_bits == want);
         CHECK(both_bits == want);
       }

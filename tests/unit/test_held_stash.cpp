@@ -119,7 +119,8 @@ TEST_CASE("stash carver: a bf16 activation in place lies where the layout's orde
 }
 
 TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv, probabilities and attention output and Qwen3's q, k, "
-          "v (read by products, or as a held stash gives them back) are held in place too",
+          "v, attention output and q, k before their norms (read by products, or as a held stash gives them back) are "
+          "held in place too",
           "[bf16]") {
   // in place: the bytes of the runs held where the stash is, outside the view
   auto in_place = [](const StashLayout& l) {
@@ -156,8 +157,12 @@ TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv, probabilities and a
       m.dims.bf16_matmul_inputs = true;
       const StashLayout bf16 = attention.type->stash_layout(attention, m.dims, 2);
       INFO("qk_norm " << qk_norm);
-      CHECK(in_place(bf16) == uint64_t(n * C + n * QD + 2 * n * KD) * 2);  // h, q, k, v
-      CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(n * C + n * QD + 2 * n * KD) * 4);
+      // h, q, k, v, the attention output y, and with qk_norm q and k before their norms: all but the statistics
+      const int64_t acts = n * C + 2 * n * QD + 2 * n * KD + (qk_norm ? n * QD + n * KD : 0);
+      CHECK(in_place(bf16) == uint64_t(acts) * 2);
+      CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(acts) * 4);
+      const int64_t stats = n + (qk_norm ? n * 4 + n * 2 : 0) + 2 * 4 * 16;  // rstd, q_rstd, k_rstd, lse (b,H,T)
+      CHECK(bf16.view_bytes() == uint64_t(stats) * 4);
     }
   }
 }

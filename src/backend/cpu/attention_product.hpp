@@ -24,7 +24,7 @@ inline void attention_product(bool ta, bool tb, int M, int N, int K, float alpha
                               int ldb, float beta, float* C, int ldc) {
   if constexpr (kBf16) {
     bf16_gemm(ta, tb, M, N, K, attention_operand(A, lda), attention_operand(B, ldb), beta, C, ldc, 1,
-              bf16_gemm_path());
+              bf16_gemm_path_on_one_thread());
     if (alpha != 1.f)
       for (int r = 0; r < M; ++r)
         for (int c = 0; c < N; ++c) C[int64_t(r) * ldc + c] *= alpha;

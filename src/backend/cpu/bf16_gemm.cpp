@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
+#include "backend/cpu/onednn_matmul.hpp"
 #include "util/error.hpp"
 #include "util/precision.hpp"
 
@@ -42,6 +43,7 @@ std::string cpu_bf16_flags() {
 struct Bf16Choice {
   Bf16GemmPath path = Bf16GemmPath::Rounded;
   OneDnnBf16Gemm onednn = nullptr;
+  bool matmul = false;  // oneDNN's matmul primitive can be called
   std::string description;
 };
 
@@ -53,16 +55,23 @@ const Bf16Choice& choice() {
     const std::string flags = cpu_bf16_flags();
     const char* env = std::getenv("PIPER_BF16_GEMM");
     const std::string asked = env ? env : "";
-    if (!asked.empty() && asked != "onednn" && asked != "rounded")
-      throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\": expected \"onednn\" or \"rounded\" (or unset: by the "
-                          "processor)"));
-    if (asked == "onednn" && !r.onednn)
-      throw UserError("PIPER_BF16_GEMM = \"onednn\" but libdnnl.so.2 (Debian's libdnnl2) does not load here");
-    const bool use = asked == "onednn" || (asked.empty() && r.onednn && !flags.empty());
-    r.path = use ? Bf16GemmPath::OneDnn : Bf16GemmPath::Rounded;
+    if (!asked.empty() && asked != "onednn" && asked != "onednn-gemm" && asked != "rounded")
+      throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\": expected \"onednn\", \"onednn-gemm\" or \"rounded\" (or "
+                          "unset: by the processor)"));
+    if (asked.rfind("onednn", 0) == 0 && !r.onednn)
+      throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\" but libdnnl.so.2 (Debian's libdnnl2) does not load here"));
+    std::string no_matmul;
+    r.matmul = r.onednn && onednn_matmul_available(&no_matmul);
+    const bool use = asked.rfind("onednn", 0) == 0 || (asked.empty() && r.onednn && !flags.empty());
+    r.path = !use ? Bf16GemmPath::Rounded
+             : r.matmul && asked != "onednn-gemm" ? Bf16GemmPath::OneDnnMatmul
+                                                  : Bf16GemmPath::OneDnn;
     const std::string cpu = flags.empty() ? "no bf16 instructions" : flags;
-    if (use)
-      r.description = cat("oneDNN bf16 gemm (processor: ", cpu, ")");
+    if (r.path == Bf16GemmPath::OneDnnMatmul)
+      r.description = cat("oneDNN bf16 matmul (processor: ", cpu, ")");
+    else if (use)
+      r.description = cat("oneDNN bf16 gemm (processor: ", cpu, asked.empty() ? cat("; ", no_matmul) : "; PIPER_BF16_GEMM",
+                          ")");
     else
       r.description = cat("OpenBLAS sgemm of bf16-rounded operands (processor: ", cpu,
                           r.onednn ? "" : "; oneDNN not found", asked.empty() ? "" : "; PIPER_BF16_GEMM", ")");
@@ -122,9 +131,16 @@ void onednn_gemm(const Bf16Choice& c, bool trans_a, bool trans_b, int M, int N, 
 
 Bf16GemmPath bf16_gemm_path() { return choice().path; }
 
+Bf16GemmPath bf16_gemm_path_on_one_thread() {
+  const Bf16GemmPath p = choice().path;
+  return p == Bf16GemmPath::OneDnnMatmul ? Bf16GemmPath::OneDnn : p;
+}
+
 std::string bf16_gemm_description() { return choice().description; }
 
 bool bf16_onednn_loaded() { return choice().onednn != nullptr; }
+
+bool bf16_onednn_matmul_loaded() { return choice().matmul; }
 
 void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                         int ldb, float beta, float* C, int ldc, int threads) {
@@ -144,13 +160,16 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input&
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   int lda = 0, ldb = 0;
-  if (path == Bf16GemmPath::OneDnn) {
+  if (path == Bf16GemmPath::OneDnn || path == Bf16GemmPath::OneDnnMatmul) {
     const Bf16Choice& c = choice();
     if (!c.onednn) throw SystemError("bf16 gemm: oneDNN asked for but libdnnl.so.2 did not load");
     static thread_local std::vector<uint16_t> a16, b16;  // grown once, reused by every later call
     const uint16_t* a = as_bits(A, a_rows, a_cols, a16, threads, lda);
     const uint16_t* b = as_bits(B, b_rows, b_cols, b16, threads, ldb);
-    onednn_gemm(c, trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
+    if (path == Bf16GemmPath::OneDnnMatmul)
+      onednn_matmul(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
+    else
+      onednn_gemm(c, trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
     return;
   }
   static thread_local std::vector<float> a32, b32;
@@ -161,7 +180,7 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input&
 
 void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads) {
   out.source = src, out.rows = rows, out.cols = cols, out.ld = ld;
-  if (choice().path == Bf16GemmPath::OneDnn)
+  if (choice().path != Bf16GemmPath::Rounded)
     packed_copy(out.bits, src, rows, cols, ld, threads, [](float x) { return bf16_bits(x); });
   else
     packed_copy(out.rounded, src, rows, cols, ld, threads, [](float x) { return round_bf16(x); });

@@ -1,6 +1,7 @@
 // bf16 matmuls on the CPU: both operands rounded to bf16 (nearest, ties to even), products accumulated in fp32.
-// oneDNN's bf16 gemm (libdnnl, loaded at run time) where the processor has bf16 instructions, else OpenBLAS sgemm
-// of the rounded values (the products of two bf16 values are exact in fp32, so both compute the same sums).
+// oneDNN (libdnnl, loaded at run time) where the processor has bf16 instructions — its matmul primitive, or its bf16
+// gemm where this build lacks oneDNN's headers — else OpenBLAS sgemm of the rounded values (the products of two
+// bf16 values are exact in fp32, so all compute the same sums, in their own orders).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -8,19 +9,28 @@
 
 namespace piper {
 
-enum class Bf16GemmPath { OneDnn, Rounded };
+// OneDnnMatmul: oneDNN's matmul primitive (onednn_matmul.hpp); OneDnn: its bf16 gemm (dnnl_gemm_bf16bf16f32);
+// Rounded: sgemm of rounded operands.
+enum class Bf16GemmPath { OneDnnMatmul, OneDnn, Rounded };
 
 // The path this process takes, chosen once: oneDNN where libdnnl.so.2 loads and /proc/cpuinfo lists avx512_bf16 or
-// amx_bf16, else Rounded. PIPER_BF16_GEMM=onednn or =rounded chooses (an error when oneDNN is asked for and absent).
+// amx_bf16 (its matmul primitive where this build can call it, else its bf16 gemm), else Rounded. PIPER_BF16_GEMM=
+// onednn, =onednn-gemm or =rounded chooses (an error when oneDNN is asked for and absent).
 Bf16GemmPath bf16_gemm_path();
+// The path for a product on one thread inside a parallel region (attention's per-head products): the process's,
+// with oneDNN's bf16 gemm in place of its matmul primitive (whose per-shape primitives are made for the rank's
+// threads).
+Bf16GemmPath bf16_gemm_path_on_one_thread();
 // The path in words, with the processor's bf16 instructions: printed at start and in the metrics header.
 std::string bf16_gemm_description();
 
-// Whether oneDNN's bf16 gemm loaded (whatever the processor).
+// Whether oneDNN's bf16 gemm loaded (whatever the processor), and whether its matmul primitive can be called too.
 bool bf16_onednn_loaded();
+bool bf16_onednn_matmul_loaded();
 
 // C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C, row-major, with A and B rounded to bf16 and fp32 accumulation, on
-// the calling rank's `threads` threads, by bf16_gemm_path() or the path given (OneDnn needs bf16_onednn_loaded()).
+// the calling rank's `threads` threads, by bf16_gemm_path() or the path given (OneDnn needs bf16_onednn_loaded(),
+// OneDnnMatmul bf16_onednn_matmul_loaded() and beta 0 or 1).
 // A and B stay as they are (the rounded copies are scratch of this thread).
 void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                         int ldb, float beta, float* C, int ldc, int threads);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/act_store.hpp"
 #include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/vec_math.hpp"
@@ -66,7 +67,7 @@ void gqa_forward_in(int threads, float* y, float* lse, ConstAct q, ConstAct k, C
 // bits do not depend on the thread count.
 template <bool kBf16>
 void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                     ConstAct v, const float* y, const float* lse, float* scratch, int B, int T, int H, int KV,
+                     ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T, int H, int KV,
                      int D) {
   const int G = H / KV;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -91,7 +92,7 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
       const int64_t off = int64_t(b) * T * qs + int64_t(h) * D;
       const ConstAct qb = q.at(off);  // (T,D), row stride H·D
       const float* dyb = dy + off;  // (T,D)
-      const float* yb = y + off;    // (T,D)
+      const ConstAct yb = y.at(off);  // (T,D)
       float* dqb = dq + off;        // (T,D)
       const float* lb = lse + (int64_t(b) * H + h) * T;  // (T)
       for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
@@ -107,8 +108,10 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
           float* __restrict p = P + int64_t(r) * i1;
           float* __restrict d = dS + int64_t(r) * i1;
           const float* __restrict gi = dYblk + int64_t(r) * qs;
-          const float* __restrict yi = yb + int64_t(i) * qs;
-          const float drow = vec::lane_sum(D, [&](int c) { return gi[c] * yi[c]; });  // Σ_j P_ij dP_ij = dy_i · y_i
+          float drow = 0.f;  // Σ_j P_ij dP_ij = dy_i · y_i
+          cpu::with_storage(yb.at(int64_t(i) * qs), [&](const auto* __restrict yi) {
+            drow = vec::lane_sum(D, [&](int c) { return gi[c] * cpu::value(yi, c); });
+          });
           const float l = lb[i];
           for (int j = 0; j <= i; ++j) {
             p[j] = vec::exp_approx((kBf16 ? p[j] * scale : p[j]) - l);
@@ -153,7 +156,7 @@ void CpuKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAc
 }
 
 void CpuKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                                        ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
+                                        ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T,
                                         int H, int KV, int D) {
   if (B <= 0 || T <= 0 || KV <= 0) return;
   check_attention_inputs("gqa_attention_backward", q, k, v, matmul_);

@@ -216,15 +216,29 @@ void CpuKernels::linear_backward_weight(float* dw, float* db, ConstAct dy, Const
   gemm(true, false, OC, C, N, dy, OC, x, C, accumulate ? 1.f : 0.f, dw, C);
   if (!db) return;
   PIPER_CHECK(!dy.bf16, "linear_backward_weight: a bias gradient from a bf16 dy");
-  for_chunks(size_t(OC), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
-    float* __restrict out = db;
+  column_sums(db, dy.f32(), N, OC, accumulate, nullptr);
+}
+
+// sums(C) (+)= Σ_rows x(N,C), each column in row order (columns split across threads); rounded(N,C), where given, =
+// x rounded to bf16 in the same pass.
+void CpuKernels::column_sums(float* sums, const float* x, int N, int C, bool accumulate, uint16_t* rounded) {
+  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+    float* __restrict out = sums;
     if (!accumulate)
       for (size_t c = c0; c < c1; ++c) out[c] = 0.f;
     for (int r = 0; r < N; ++r) {
-      const float* __restrict row = dy.f32() + int64_t(r) * OC;
+      const float* __restrict row = x + int64_t(r) * C;
       for (size_t c = c0; c < c1; ++c) out[c] += row[c];
+      if (rounded) {
+        uint16_t* __restrict bits = rounded + int64_t(r) * C;
+        for (size_t c = c0; c < c1; ++c) bits[c] = bf16_bits(row[c]);
+      }
     }
   });
+}
+
+void CpuKernels::to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) {
+  column_sums(sums, src, N, C, false, dst);
 }
 
 void CpuKernels::gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) {

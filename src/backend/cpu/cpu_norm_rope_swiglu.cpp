@@ -18,52 +18,58 @@ namespace piper {
 using cpu::for_chunks;
 using cpu::for_range;
 
-void CpuKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
-  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
-    for (size_t r = e0 / C; r < e1 / C; ++r) {
-      const float* __restrict xr = x + r * C;  // (C)
-      const float ss = vec::lane_sum(C, [&](int i) { return xr[i] * xr[i]; });
-      const float rs = 1.0f / std::sqrt(ss / C + eps);
-      cpu::store(y, r * C, size_t(C), [&](size_t i) { return xr[i] * rs * w[i]; });  // (C)
-      rstd[r] = rs;
-    }
+void CpuKernels::rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps) {
+  cpu::with_storage(x, [&](const auto* xs) {
+    for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+      for (size_t r = e0 / C; r < e1 / C; ++r) {
+        const auto* __restrict xr = xs + r * C;  // (C)
+        const float ss = vec::lane_sum(C, [&](int i) { return cpu::value(xr, i) * cpu::value(xr, i); });
+        const float rs = 1.0f / std::sqrt(ss / C + eps);
+        cpu::store(y, r * C, size_t(C), [&](size_t i) { return cpu::value(xr, i) * rs * w[i]; });  // (C)
+        rstd[r] = rs;
+      }
+    });
   });
 }
 
-void CpuKernels::rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w,
+void CpuKernels::rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd, const float* w,
                                         int N, int C, bool accumulate) {
   // y_i = x_i rs w_i, rs = (Σ x² / C + eps)^-1/2: dx_i = rs (dy_i w_i − x_i rs² Σ_j dy_j w_j x_j / C)
   PIPER_CHECK(!(dx.bf16 && accumulate), "rmsnorm_backward_input: a bf16 dx added to");
-  for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
-    for (size_t r = e0 / C; r < e1 / C; ++r) {
-      const float* __restrict xr = x + r * C;   // (C)
-      const float* __restrict gr = dy + r * C;  // (C)
-      const float rs = rstd[r];
-      const float dot = vec::lane_sum(C, [&](int i) { return gr[i] * w[i] * xr[i]; });
-      const float k = rs * rs * dot / C;
-      if (accumulate) {
-        float* __restrict dr = dx.f32() + r * C;  // (C)
-        for (int i = 0; i < C; ++i) dr[i] += rs * (gr[i] * w[i] - xr[i] * k);
-      } else {
-        cpu::store(dx, r * C, size_t(C), [&](size_t i) { return rs * (gr[i] * w[i] - xr[i] * k); });  // (C)
+  cpu::with_storage(x, [&](const auto* xs) {
+    for_range(size_t(N) * C, threads_, [&](size_t e0, size_t e1) {
+      for (size_t r = e0 / C; r < e1 / C; ++r) {
+        const auto* __restrict xr = xs + r * C;   // (C)
+        const float* __restrict gr = dy + r * C;  // (C)
+        const float rs = rstd[r];
+        const float dot = vec::lane_sum(C, [&](int i) { return gr[i] * w[i] * cpu::value(xr, i); });
+        const float k = rs * rs * dot / C;
+        if (accumulate) {
+          float* __restrict dr = dx.f32() + r * C;  // (C)
+          for (int i = 0; i < C; ++i) dr[i] += rs * (gr[i] * w[i] - cpu::value(xr, i) * k);
+        } else {
+          cpu::store(dx, r * C, size_t(C), [&](size_t i) { return rs * (gr[i] * w[i] - cpu::value(xr, i) * k); });
+        }
       }
-    }
+    });
   });
 }
 
-void CpuKernels::rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+void CpuKernels::rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N, int C,
                                          bool accumulate) {
   // Columns are split across threads; each column sums its rows in row order.
-  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
-    float* __restrict gw = dw;  // (C)
-    if (!accumulate)
-      for (size_t c = c0; c < c1; ++c) gw[c] = 0.f;
-    for (int r = 0; r < N; ++r) {
-      const float* __restrict xr = x + int64_t(r) * C;   // (C)
-      const float* __restrict gr = dy + int64_t(r) * C;  // (C)
-      const float rs = rstd[r];
-      for (size_t c = c0; c < c1; ++c) gw[c] += gr[c] * xr[c] * rs;
-    }
+  cpu::with_storage(x, [&](const auto* xs) {
+    for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+      float* __restrict gw = dw;  // (C)
+      if (!accumulate)
+        for (size_t c = c0; c < c1; ++c) gw[c] = 0.f;
+      for (int r = 0; r < N; ++r) {
+        const auto* __restrict xr = xs + int64_t(r) * C;   // (C)
+        const float* __restrict gr = dy + int64_t(r) * C;  // (C)
+        const float rs = rstd[r];
+        for (size_t c = c0; c < c1; ++c) gw[c] += gr[c] * cpu::value(xr, c) * rs;
+      }
+    });
   });
 }
 

@@ -453,19 +453,19 @@ void CudaKernels::embedding_backward(float* dwte, float* dwpe, const float* dx, 
   cuda::embedding_backward(dwte, dwpe, dx, tok, B, T, C, V, accumulate_wte, accumulate_wpe, sort, t.stream.stream());
 }
 
-void CudaKernels::rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+void CudaKernels::rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps) {
   Target t = target();
   cuda::rmsnorm_forward(y, rstd, x, w, N, C, eps, t.stream.stream());
 }
 
-void CudaKernels::rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w,
+void CudaKernels::rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd, const float* w,
                                          int N, int C, bool accumulate) {
   PIPER_CHECK(!(dx.bf16 && accumulate), "rmsnorm_backward_input: a bf16 dx added to");
   Target t = target();
   cuda::rmsnorm_backward_input(dx, dy, x, rstd, w, N, C, accumulate, t.stream.stream());
 }
 
-void CudaKernels::rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+void CudaKernels::rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N, int C,
                                           bool accumulate) {
   Target t = target();
   auto* partial = static_cast<float*>(t.stream.workspace(sizeof(float) * size_t(cuda::column_chunks(N)) * C));
@@ -508,7 +508,7 @@ size_t CudaKernels::gqa_attention_scratch_floats(int B, int T, int H, int, int) 
 }
 
 void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                                         ConstAct v, const float* y, const float* lse, float* scratch, int B, int T,
+                                         ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T,
                                          int H, int KV, int D) {
   Target t = target();
   if (matmul_ == Precision::Bf16) {
@@ -613,6 +613,13 @@ void CudaKernels::accumulate(float* y, const float* x, size_t n) {
 void CudaKernels::fill(float* y, float value, size_t n) {
   Target t = target();
   cuda::fill(y, value, n, t.stream.stream());
+}
+
+void CudaKernels::to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) {
+  Target t = target();
+  auto* partial = static_cast<float*>(t.stream.workspace(sizeof(float) * size_t(cuda::column_chunks(N)) * C));
+  cuda::column_sums(sums, src, N, C, false, partial, t.stream.stream());  // sums(C) = Σ_rows src
+  cuda::to_bf16(dst, src, size_t(N) * size_t(C), t.stream.stream());
 }
 
 void CudaKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {

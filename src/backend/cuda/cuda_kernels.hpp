@@ -53,16 +53,16 @@ class CudaKernels final : public Kernels {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
                           bool accumulate_wte, bool accumulate_wpe) override;
-  void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps) override;
-  void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+  void rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps) override;
+  void rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd, const float* w, int N,
                               int C, bool accumulate) override;
-  void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+  void rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N, int C,
                                bool accumulate) override;
   void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) override;
   void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
                              int H, int KV, int D) override;
   void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                              ConstAct v, const float* y, const float* lse, float* scratch, int B, int T, int H,
+                              ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T, int H,
                               int KV, int D) override;
   size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override;
   void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) override;
@@ -85,6 +85,7 @@ class CudaKernels final : public Kernels {
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;
+  void to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) override;
   void to_bf16(uint16_t* dst, const float* src, size_t n) override;
   void from_bf16(float* dst, const uint16_t* src, size_t n) override;
   void copy(void* dst, const void* src, size_t bytes) override;

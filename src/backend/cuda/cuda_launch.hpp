@@ -56,12 +56,12 @@ void causal_softmax_backward(float* dp, const float* p, int64_t rows, int T, cud
 
 // ---- rmsnorm_rope_swiglu_kernels.cu ----
 // y(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(mean x² + eps); one block per row
-void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s);
+void rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps, cudaStream_t s);
 // dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C); one block per row
-void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
+void rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd, const float* w, int N,
                             int C, bool accumulate, cudaStream_t s);
 // dw(C) (+)= Σ_rows dy·x·rstd, deterministic column sums; partial: column_chunks(N)·C floats
-void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+void rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N, int C,
                              bool accumulate, float* partial, cudaStream_t s);
 // Rotate-half rotary embedding in place on x(B,T,H,D); inverse rotates by the negative angle. First builds
 // the cos and sin tables (T,D/2) each in `table` (rope_table_floats(T, D) floats), then rotates from them.
@@ -78,10 +78,10 @@ void gqa_attention_forward(float* y, float* lse, const float* q, const float* k,
                            int KV, int D, cudaStream_t s);
 // dq(B,T,H,D), dk, dv(B,T,KV,D) written from dy(B,T,H,D); drow: B·H·T floats of scratch (dy·y per query row)
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                            const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
+                            const float* v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
                             int KV, int D, cudaStream_t s);
 // drow(B,H,T) = dy · y of every query row (fp32): the first step of either backward
-void gqa_attention_drow(float* drow, const float* dy, const float* y, int B, int T, int H, int D, cudaStream_t s);
+void gqa_attention_drow(float* drow, const float* dy, ConstAct y, int B, int T, int H, int D, cudaStream_t s);
 
 // ---- gqa_attention_bf16_kernels.cu: the same in bf16 matmul precision (Kernels::set_matmul_precision) ----
 // Whether the tensor-core kernels take head dimension D: D ≤ 128 (padded with zeros to a multiple of 16 in shared
@@ -95,7 +95,7 @@ void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, Co
 // As gqa_attention_backward with q, k, v, dy and the recomputed P and dS rounded as the products' operands; dk, dv
 // without atomics (deterministic). drow: B·H·T floats of scratch.
 void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                                 ConstAct v, const float* y, const float* lse, float* drow, int B, int T, int H,
+                                 ConstAct v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
                                  int KV, int D, cudaStream_t s);
 // dst(n) = src rounded to bf16 (nearest, ties to even), kept as fp32; dst may be src
 void round_bf16(float* dst, const float* src, size_t n, cudaStream_t s);

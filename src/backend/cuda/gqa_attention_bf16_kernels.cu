@@ -497,7 +497,7 @@ void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, Co
 }
 
 void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
-                                 ConstAct v, const float* y, const float* lse, float* drow, int B, int T, int H,
+                                 ConstAct v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
                                  int KV, int D, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(gqa_attention_bf16_supported(D), "bf16 gqa attention: head dimension ", D, " is not in [1, ", kMaxD,

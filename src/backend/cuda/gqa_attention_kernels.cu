@@ -97,15 +97,16 @@ __global__ void __launch_bounds__(kRows * 32)
   }
 }
 
-// One warp per query row, rows in (B,H,T) order: drow(B,H,T) = dy_i · y_i = Σ_j P_ij dP_ij.
-__global__ void gqa_drow_kernel(float* drow, const float* dy, const float* y, int64_t rows, int T, int H, int D) {
+// One warp per query row, rows in (B,H,T) order: drow(B,H,T) = dy_i · y_i = Σ_j P_ij dP_ij, y read at its width.
+template <typename In>
+__global__ void gqa_drow_kernel(float* drow, const float* dy, const In* y, int64_t rows, int T, int H, int D) {
   const int64_t w = int64_t(blockIdx.x) * kRows + (threadIdx.x >> 5);
   if (w >= rows) return;
   const int lane = threadIdx.x & 31;
   const int i = int(w % T), h = int((w / T) % H), b = int(w / (int64_t(T) * H));
   const int64_t off = head_offset(b, h, T, H, D) + int64_t(i) * H * D;
   float s = 0.f;
-  for (int c = lane; c < D; c += 32) s += dy[off + c] * y[off + c];
+  for (int c = lane; c < D; c += 32) s += dy[off + c] * load_value(y, off + c);
   s = warp_sum(s);
   if (lane == 0) drow[w] = s;
 }
@@ -317,15 +318,17 @@ void gqa_attention_forward(float* y, float* lse, const float* q, const float* k,
   }
 }
 
-void gqa_attention_drow(float* drow, const float* dy, const float* y, int B, int T, int H, int D, cudaStream_t s) {
+void gqa_attention_drow(float* drow, const float* dy, ConstAct y, int B, int T, int H, int D, cudaStream_t s) {
   const int64_t rows = int64_t(B) * H * T;  // drow(B,H,T)
   if (rows <= 0) return;
-  gqa_drow_kernel<<<unsigned((rows + kRows - 1) / kRows), kRows * 32, 0, s>>>(drow, dy, y, rows, T, H, D);
+  const unsigned blocks = unsigned((rows + kRows - 1) / kRows);
+  if (y.bf16) gqa_drow_kernel<<<blocks, kRows * 32, 0, s>>>(drow, dy, y.bits(), rows, T, H, D);
+  else gqa_drow_kernel<<<blocks, kRows * 32, 0, s>>>(drow, dy, y.f32(), rows, T, H, D);
   CUDA_CHECK_LAUNCH();
 }
 
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
-                            const float* v, const float* y, const float* lse, float* drow, int B, int T, int H,
+                            const float* v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
                             int KV, int D, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(B <= 65535 && H <= 65535, "gqa attention: batch ", B, " or heads ", H, " exceed the grid");

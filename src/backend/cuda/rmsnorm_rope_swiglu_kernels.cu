@@ -14,35 +14,35 @@ namespace {
 constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 8;
 
-// One block per row: y(N,C) = x * rstd * w at y's width; rstd(N) = 1 / sqrt(mean x² + eps).
-template <typename Out>
-__global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const float* x, const float* w, int C, float eps) {
+// One block per row: y(N,C) = x * rstd * w at y's width, x read at its; rstd(N) = 1 / sqrt(mean x² + eps).
+template <typename Out, typename In>
+__global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const In* x, const float* w, int C, float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * C;  // (C)
-  Out* yr = y + row * C;          // (C)
+  const In* xr = x + row * C;  // (C)
+  Out* yr = y + row * C;       // (C)
   float ss = 0.f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int i = threadIdx.x; i < C; i += blockDim.x) ss += load_value(xr, i) * load_value(xr, i);
   const float rs = 1.0f / sqrtf(block_sum(ss, shared) / C + eps);
-  for (int i = threadIdx.x; i < C; i += blockDim.x) store_value(yr, i, xr[i] * rs * w[i]);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) store_value(yr, i, load_value(xr, i) * rs * w[i]);
   if (threadIdx.x == 0) rstd[row] = rs;
 }
 
 // One block per row: dx(N,C) (+)= rstd (dy·w − x rstd² Σ_c dy·w·x / C)
-template <typename Out>
-__global__ void rmsnorm_backward_input_kernel(Out* dx, const float* dy, const float* x, const float* rstd,
+template <typename Out, typename In>
+__global__ void rmsnorm_backward_input_kernel(Out* dx, const float* dy, const In* x, const float* rstd,
                                               const float* w, int C, bool accumulate) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * C;   // (C)
+  const In* xr = x + row * C;      // (C)
   const float* gr = dy + row * C;  // (C)
   Out* dr = dx + row * C;          // (C)
   const float rs = rstd[row];
   float dot = 0.f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) dot += gr[i] * w[i] * xr[i];
+  for (int i = threadIdx.x; i < C; i += blockDim.x) dot += gr[i] * w[i] * load_value(xr, i);
   const float k = rs * rs * block_sum(dot, shared) / C;
   for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    const float d = rs * (gr[i] * w[i] - xr[i] * k);
+    const float d = rs * (gr[i] * w[i] - load_value(xr, i) * k);
     if constexpr (std::is_same_v<Out, float>)
       dr[i] = accumulate ? dr[i] + d : d;
     else
@@ -51,7 +51,8 @@ __global__ void rmsnorm_backward_input_kernel(Out* dx, const float* dy, const fl
 }
 
 // part(chunk,C) = Σ_rows dy·x·rstd over the chunk's rows, in a fixed order. Block (32, 8).
-__global__ void rmsnorm_weight_partial_kernel(float* part, const float* dy, const float* x, const float* rstd, int N,
+template <typename In>
+__global__ void rmsnorm_weight_partial_kernel(float* part, const float* dy, const In* x, const float* rstd, int N,
                                               int C, int rows_per_chunk) {
   __shared__ float lanes[kRowLanes][kColumnTile + 1];
   const int c = blockIdx.x * kColumnTile + threadIdx.x;
@@ -61,7 +62,7 @@ __global__ void rmsnorm_weight_partial_kernel(float* part, const float* dy, cons
   if (c < C)
     for (int r = r0 + int(threadIdx.y); r < r1; r += kRowLanes) {
       const int64_t i = int64_t(r) * C + c;
-      acc += dy[i] * x[i] * rstd[r];
+      acc += dy[i] * load_value(x, i) * rstd[r];
     }
   lanes[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -128,35 +129,49 @@ __global__ void swiglu_backward_kernel(Out* dg, Out* du, const float* da, const 
   }
 }
 
+// f(out's storage, in's storage): each at its width, bf16 bits or fp32.
+template <typename F>
+void with_widths(Act out, ConstAct in, F f) {
+  if (out.bf16) {
+    if (in.bf16) f(out.bits(), in.bits());
+    else f(out.bits(), in.f32());
+  } else {
+    if (in.bf16) f(out.f32(), in.bits());
+    else f(out.f32(), in.f32());
+  }
+}
+
 }  // namespace
 
-void rmsnorm_forward(Act y, float* rstd, const float* x, const float* w, int N, int C, float eps, cudaStream_t s) {
+void rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps, cudaStream_t s) {
   if (N <= 0) return;
-  if (y.bf16)
-    rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y.bits(), rstd, x, w, C, eps);
-  else
-    rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(y.f32(), rstd, x, w, C, eps);
+  with_widths(y, x, [&](auto* out, const auto* in) {
+    rmsnorm_forward_kernel<<<N, row_threads(C), 0, s>>>(out, rstd, in, w, C, eps);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward_input(Act dx, const float* dy, const float* x, const float* rstd, const float* w, int N,
-                            int C, bool accumulate, cudaStream_t s) {
+void rmsnorm_backward_input(Act dx, const float* dy, ConstAct x, const float* rstd, const float* w, int N, int C,
+                            bool accumulate, cudaStream_t s) {
   if (N <= 0) return;
-  if (dx.bf16)
-    rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(dx.bits(), dy, x, rstd, w, C, false);
-  else
-    rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(dx.f32(), dy, x, rstd, w, C, accumulate);
+  with_widths(dx, x, [&](auto* out, const auto* in) {
+    rmsnorm_backward_input_kernel<<<N, row_threads(C), 0, s>>>(out, dy, in, rstd, w, C, dx.bf16 ? false : accumulate);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int N, int C,
+void rmsnorm_backward_weight(float* dw, const float* dy, ConstAct x, const float* rstd, int N, int C,
                              bool accumulate, float* partial, cudaStream_t s) {
   if (C <= 0) return;
   const int chunks = column_chunks(N);
   const int rows_per_chunk = (N + chunks - 1) / chunks;
   dim3 grid((C + kColumnTile - 1) / kColumnTile, chunks);  // partial(chunks, C)
-  rmsnorm_weight_partial_kernel<<<grid, dim3(kColumnTile, kRowLanes), 0, s>>>(partial, dy, x, rstd, N, C,
-                                                                               rows_per_chunk);
+  if (x.bf16)
+    rmsnorm_weight_partial_kernel<<<grid, dim3(kColumnTile, kRowLanes), 0, s>>>(partial, dy, x.bits(), rstd, N, C,
+                                                                                 rows_per_chunk);
+  else
+    rmsnorm_weight_partial_kernel<<<grid, dim3(kColumnTile, kRowLanes), 0, s>>>(partial, dy, x.f32(), rstd, N, C,
+                                                                                 rows_per_chunk);
   CUDA_CHECK_LAUNCH();
   column_finish(dw, partial, chunks, C, accumulate, s);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "model/act_output.hpp"
+#include "model/product_gradient.hpp"
 #include "model/stash_carver.hpp"
 #include "model/vocab_shard.hpp"
 #include "util/error.hpp"
@@ -78,6 +79,7 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
   return nullptr;
 }
 
+
 // ---- attention half: x(n,C) → x + proj(attn(qkv(ln1 x))). Parameters in AttentionParam order ----
 // Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
 // keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
@@ -100,16 +102,16 @@ struct AttentionStash {
   }
 };
 
-// Backward-input → backward-weight: d qkv and d(normed input).
+// Backward-input → backward-weight: d qkv, d(normed input), and in a bf16 run the output's gradient rounded.
 struct AttentionWStash {
-  float *dqkv, *dln1;
+  StashCarver c;
+  ProductGradient dqkv;  // (n,3A)
+  float* dln1;           // (n,C), partial over ranks
+  ProductGradient dout;  // (n,C): io.dout itself in fp32
   size_t floats;
-  AttentionWStash(float* p, const Shape& s) {
-    StashCarver c(p);
-    dqkv = c.keep<float>(int64_t(s.n) * 3 * s.A);  // (n,3A)
-    dln1 = c.keep<float>(int64_t(s.n) * s.C);      // (n,C), partial over ranks
-    floats = c.bytes() / sizeof(float);
-  }
+  AttentionWStash(float* p, const Shape& s)
+      : c(p), dqkv(c, s.n, 3 * s.A, s.bf16, true, true), dln1(c.keep<float>(int64_t(s.n) * s.C)),
+        dout(c, s.n, s.C, s.bf16, false, true), floats(c.bytes() / sizeof(float)) {}
 };
 
 StashLayout attention_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
@@ -126,9 +128,9 @@ SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
-  // fused backward: wstash + d(atty); the forward's fp32 qkv and attention output before they are rounded (bf16)
-  // fit in it, one after the other
-  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.A * f;
+  // fused backward: wstash + d(atty) + (bf16) d qkv in fp32 before it is rounded; the forward's fp32 qkv and
+  // attention output before they are rounded (bf16) fit in it, one after the other
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.A * f + (s.bf16 ? size_t(s.n) * 3 * s.A * f : 0);
   return z;
 }
 
@@ -165,9 +167,12 @@ void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, co
   AttentionWStash ws(io.wstash, s);
   const float* const* w = io.w;
   float* datty = io.workspace;  // (n,A)
-  k.linear_backward_input(datty, io.dout, w[kAttnProjW], s.n, s.A, s.C, false);
-  k.attention_backward(ws.dqkv, datty, st.qkv, st.att, io.scratch, s.b, s.T, s.A, s.H);  // (n,3A)
-  k.linear_backward_input(ws.dln1, ws.dqkv, w[kQkvW], s.n, s.C, 3 * s.A, false);          // d ln1 out (n,C)
+  ws.dout.settle_from(k, io.dout, s.n, s.C);
+  k.linear_backward_input(datty, ws.dout.read(io.dout), w[kAttnProjW], s.n, s.A, s.C, false);
+  float* dqkv = fp32_room(ws.dqkv.dy, datty + size_t(s.n) * s.A);                     // (n,3A)
+  k.attention_backward(dqkv, datty, st.qkv, st.att, io.scratch, s.b, s.T, s.A, s.H);
+  ws.dqkv.settle_from(k, dqkv, s.n, 3 * s.A);
+  k.linear_backward_input(ws.dln1, ws.dqkv.dy, w[kQkvW], s.n, s.C, 3 * s.A, false);  // d ln1 out (n,C)
   if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);        // residual path
   k.layernorm_backward_input(io.din, ws.dln1, io.in, st.ln1_mean, st.ln1_rstd, w[kLn1W], s.n, s.C, io.shard == 0);
 }
@@ -177,9 +182,9 @@ void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, c
   AttentionStash st(StashParts::of(io), s);
   AttentionWStash ws(io.wstash, s);
   float* const* g = io.g;
-  k.linear_backward_weight(g[kAttnProjW], first_shard_bias(k, io, kAttnProjB, s.C), io.dout, st.atty, s.n, s.A, s.C,
-                           io.accumulate(kAttnProjW));
-  k.linear_backward_weight(g[kQkvW], g[kQkvB], ws.dqkv, st.ln1, s.n, s.C, 3 * s.A, io.accumulate(kQkvW));
+  ws.dout.weight_gradients(k, g[kAttnProjW], first_shard_bias(k, io, kAttnProjB, s.C), io.dout, st.atty, s.n, s.A,
+                           s.C, io.accumulate(kAttnProjW));
+  ws.dqkv.weight_gradients(k, g[kQkvW], g[kQkvB], nullptr, st.ln1, s.n, s.C, 3 * s.A, io.accumulate(kQkvW));
   k.layernorm_backward_weight(g[kLn1W], g[kLn1B], ws.dln1, io.in, st.ln1_mean, st.ln1_rstd, s.n, s.C,
                               io.accumulate(kLn1W));
 }
@@ -230,16 +235,17 @@ struct MlpStash {
   }
 };
 
-// Backward-input → backward-weight: d(fc pre-activation) and d(normed input).
+// Backward-input → backward-weight: d(fc pre-activation), d(normed input), and in a bf16 run the output's gradient
+// rounded.
 struct MlpWStash {
-  float *dfc_pre, *dln2;
+  StashCarver c;
+  ProductGradient dfc_pre;  // (n,F)
+  float* dln2;              // (n,C), partial over ranks
+  ProductGradient dout;     // (n,C): io.dout itself in fp32
   size_t floats;
-  MlpWStash(float* p, const Shape& s) {
-    StashCarver c(p);
-    dfc_pre = c.keep<float>(int64_t(s.n) * s.F);  // (n,F)
-    dln2 = c.keep<float>(int64_t(s.n) * s.C);     // (n,C), partial over ranks
-    floats = c.bytes() / sizeof(float);
-  }
+  MlpWStash(float* p, const Shape& s)
+      : c(p), dfc_pre(c, s.n, s.F, s.bf16, true, true), dln2(c.keep<float>(int64_t(s.n) * s.C)),
+        dout(c, s.n, s.C, s.bf16, false, true), floats(c.bytes() / sizeof(float)) {}
 };
 
 StashLayout mlp_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
@@ -256,7 +262,9 @@ SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
-  z.workspace_bytes = z.wstash_bytes;  // fused backward: the wstash; the forward's fp32 fc product (bf16) fits in it
+  // fused backward: the wstash, and (bf16) d(fc pre-activation) in fp32 before it is rounded; the forward's fp32 fc
+  // product (bf16) fits in it
+  z.workspace_bytes = z.wstash_bytes + (s.bf16 ? size_t(s.n) * s.F * f : 0);
   return z;
 }
 
@@ -283,9 +291,12 @@ void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const Se
   MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   const float* const* w = io.w;
-  k.linear_backward_input(ws.dfc_pre, io.dout, w[kMlpProjW], s.n, s.F, s.C, false);   // d gelu out (n,F)
-  k.gelu_backward(ws.dfc_pre, ws.dfc_pre, st.fc_dgelu, size_t(s.n) * s.F);             // d fc pre (n,F)
-  k.linear_backward_input(ws.dln2, ws.dfc_pre, w[kFcW], s.n, s.C, s.F, false);         // d ln2 out (n,C)
+  ws.dout.settle_from(k, io.dout, s.n, s.C);
+  float* dpre = fp32_room(ws.dfc_pre.dy, io.workspace);                                     // (n,F)
+  k.linear_backward_input(dpre, ws.dout.read(io.dout), w[kMlpProjW], s.n, s.F, s.C, false);  // d gelu out
+  k.gelu_backward(dpre, dpre, st.fc_dgelu, size_t(s.n) * s.F);                              // d fc pre
+  ws.dfc_pre.settle_from(k, dpre, s.n, s.F);
+  k.linear_backward_input(ws.dln2, ws.dfc_pre.dy, w[kFcW], s.n, s.C, s.F, false);           // d ln2 out (n,C)
   if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);     // residual path
   k.layernorm_backward_input(io.din, ws.dln2, io.in, st.ln2_mean, st.ln2_rstd, w[kLn2W], s.n, s.C, io.shard == 0);
 }
@@ -295,9 +306,9 @@ void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const S
   MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   float* const* g = io.g;
-  k.linear_backward_weight(g[kMlpProjW], first_shard_bias(k, io, kMlpProjB, s.C), io.dout, st.fc_gelu, s.n, s.F, s.C,
-                           io.accumulate(kMlpProjW));
-  k.linear_backward_weight(g[kFcW], g[kFcB], ws.dfc_pre, st.ln2, s.n, s.C, s.F, io.accumulate(kFcW));
+  ws.dout.weight_gradients(k, g[kMlpProjW], first_shard_bias(k, io, kMlpProjB, s.C), io.dout, st.fc_gelu, s.n, s.F,
+                           s.C, io.accumulate(kMlpProjW));
+  ws.dfc_pre.weight_gradients(k, g[kFcW], g[kFcB], nullptr, st.ln2, s.n, s.C, s.F, io.accumulate(kFcW));
   k.layernorm_backward_weight(g[kLn2W], g[kLn2B], ws.dln2, io.in, st.ln2_mean, st.ln2_rstd, s.n, s.C,
                               io.accumulate(kLn2W));
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "model/act_output.hpp"
+#include "model/product_gradient.hpp"
 #include "model/stash_carver.hpp"
 #include "model/vocab_shard.hpp"
 #include "util/error.hpp"
@@ -77,20 +78,22 @@ ParamSplit embed_tp_split(const ModelDims& d, int, int k) {
 // RoPE, v, the attention output and the log-sum-exp of each query row. Selective recompute keeps the products
 // (projections, attention output) and recomputes the normed input and, with qk_norm, q and k from q_pre, k_pre.
 struct AttentionStash {
-  float *rstd, *q_pre, *q_rstd, *k_pre, *k_rstd, *y, *lse;
-  Act h;        // read by matmuls alone
-  Act q, k, v;  // read by the attention's products alone
+  float *rstd, *q_rstd, *k_rstd, *lse;
+  Act h;            // read by matmuls alone
+  Act q, k, v;      // read by the attention's products alone
+  Act q_pre, k_pre; // the projections before their norms: bf16 as a held stash gives them back
+  Act y;            // read by o_proj and by the attention's backward (dy · y): bf16 likewise
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
-    rstd = c.keep_exact(s.n);                                           // (n)
-    q_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.QD) : nullptr;  // (n,H,D)
-    q_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.H) : nullptr;   // (n,H)
-    k_pre = s.qk_norm ? c.keep<float>(int64_t(s.n) * s.KD) : nullptr;  // (n,KV,D)
-    k_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.KV) : nullptr;  // (n,KV)
-    v = c.keep_act(int64_t(s.n) * s.KD, s.bf16);                        // (b,T,KV,D)
-    y = c.keep<float>(int64_t(s.n) * s.QD);                             // (b,T,H,D)
-    lse = c.keep_exact(int64_t(s.b) * s.H * s.T);                       // (b,H,T)
+    rstd = c.keep_exact(s.n);                                                // (n)
+    q_pre = s.qk_norm ? c.keep_act(int64_t(s.n) * s.QD, s.bf16) : Act();   // (n,H,D)
+    q_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.H) : nullptr;        // (n,H)
+    k_pre = s.qk_norm ? c.keep_act(int64_t(s.n) * s.KD, s.bf16) : Act();   // (n,KV,D)
+    k_rstd = s.qk_norm ? c.keep_exact(int64_t(s.n) * s.KV) : nullptr;       // (n,KV)
+    v = c.keep_act(int64_t(s.n) * s.KD, s.bf16);                             // (b,T,KV,D)
+    y = c.keep_act(int64_t(s.n) * s.QD, s.bf16);                             // (b,T,H,D)
+    lse = c.keep_exact(int64_t(s.b) * s.H * s.T);                            // (b,H,T)
     c.tail_act(h, int64_t(s.n) * s.C, s.bf16);                          // (n,C)
     if (s.qk_norm) {  // norm and RoPE of the kept projections
       c.tail_act(q, int64_t(s.n) * s.QD, s.bf16);                       // (b,T,H,D)
@@ -106,21 +109,24 @@ struct AttentionStash {
 };
 
 // Backward-input → backward-weight: gradients of the projections' outputs, of the q/k norms' outputs
-// and of the normed input.
+// and of the normed input; in a bf16 run the output's gradient rounded.
 struct AttentionWStash {
-  float *dv, *dq, *dk, *dh;
+  StashCarver c;
+  float *dq, *dk;
+  ProductGradient dv;  // (n,KD)
   Act dq_pre, dk_pre;  // with qk_norm: read by matmuls alone
+  float* dh;
+  ProductGradient dout;  // (n,C): io.dout itself in fp32
   size_t floats;
-  AttentionWStash(float* p, const Shape& s) {
-    StashCarver c(p);
-    dq = c.keep<float>(int64_t(s.n) * s.QD);  // d(q after norm, before RoPE) (n,QD)
-    dk = c.keep<float>(int64_t(s.n) * s.KD);  // (n,KD)
-    dv = c.keep<float>(int64_t(s.n) * s.KD);  // (n,KD)
-    dq_pre = s.qk_norm ? c.keep_act(int64_t(s.n) * s.QD, s.bf16) : Act(dq);  // d(q projection) (n,QD)
-    dk_pre = s.qk_norm ? c.keep_act(int64_t(s.n) * s.KD, s.bf16) : Act(dk);
-    dh = c.keep<float>(int64_t(s.n) * s.C);   // d(normed input) (n,C)
-    floats = c.bytes() / sizeof(float);
-  }
+  AttentionWStash(float* p, const Shape& s)
+      : c(p),
+        dq(c.keep<float>(int64_t(s.n) * s.QD)),  // d(q after norm, before RoPE) (n,QD)
+        dk(c.keep<float>(int64_t(s.n) * s.KD)),  // (n,KD)
+        dv(c, s.n, s.KD, s.bf16, true, false),
+        dq_pre(s.qk_norm ? c.keep_act(int64_t(s.n) * s.QD, s.bf16) : Act(dq)),  // d(q projection) (n,QD)
+        dk_pre(s.qk_norm ? c.keep_act(int64_t(s.n) * s.KD, s.bf16) : Act(dk)),
+        dh(c.keep<float>(int64_t(s.n) * s.C)),  // d(normed input) (n,C)
+        dout(c, s.n, s.C, s.bf16, false, false), floats(c.bytes() / sizeof(float)) {}
 };
 
 // This rank's rows of k_proj or v_proj (KD, C): its piece, or within a copy those of its head.
@@ -151,8 +157,9 @@ SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = AttentionWStash(nullptr, s).floats * f;
-  // fused backward: wstash + d(attention output); the forward's fp32 q, k or v before it is rounded (bf16) fits in it
-  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.QD * f;
+  // fused backward: wstash + d(attention output) + (bf16) dv in fp32 before it is rounded; the forward's fp32 q_pre,
+  // k_pre, q, k, v or y before it is rounded (bf16) fits in it
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.QD * f + (s.bf16 ? size_t(s.n) * s.KD * f : 0);
   return z;
 }
 
@@ -188,8 +195,8 @@ void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
   const float *wk = kv_rows(w[kKProj], s), *wv = kv_rows(w[kVProj], s);  // (KD,C)
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kInputNorm], s.n, s.C, s.eps);           // (n,C)
   if (s.qk_norm) {
-    k.linear_forward(st.q_pre, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);              // (n,QD)
-    k.linear_forward(st.k_pre, st.h, wk, nullptr, s.n, s.C, s.KD);                     // (n,KD)
+    linear_into(k, st.q_pre, io.workspace, st.h, w[kQProj], nullptr, s.n, s.C, s.QD);  // (n,QD)
+    linear_into(k, st.k_pre, io.workspace, st.h, wk, nullptr, s.n, s.C, s.KD);         // (n,KD)
     attention_norms(k, s, st, io);                                                     // q, k normed and rotated
   } else {
     float* q = fp32_room(st.q, io.workspace);
@@ -200,7 +207,9 @@ void attention_forward(Kernels& k, const Segment&, const ModelDims& d, const Seg
     rotate_into(k, st.k, kk, s, s.KV);
   }
   linear_into(k, st.v, io.workspace, st.h, wv, nullptr, s.n, s.C, s.KD);              // (n,KD)
-  k.gqa_attention_forward(st.y, st.lse, st.q, st.k, st.v, s.b, s.T, s.H, s.KV, s.D);  // (b,T,H,D)
+  float* y = fp32_room(st.y, io.workspace);
+  k.gqa_attention_forward(y, st.lse, st.q, st.k, st.v, s.b, s.T, s.H, s.KV, s.D);     // (b,T,H,D)
+  settle(k, st.y, y, size_t(s.n) * s.QD);
   k.linear_forward(io.out, st.y, w[kOProj], nullptr, s.n, s.QD, s.C);                 // (n,C), partial
   if (io.shard == 0) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                  // residual
 }
@@ -211,9 +220,12 @@ void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, co
   AttentionWStash ws(io.wstash, s);
   const float* const* w = io.w;
   float* dy = io.workspace;  // d(attention output) (n,QD)
-  k.linear_backward_input(dy, io.dout, w[kOProj], s.n, s.QD, s.C, false);
-  k.gqa_attention_backward(ws.dq, ws.dk, ws.dv, dy, st.q, st.k, st.v, st.y, st.lse, io.scratch, s.b, s.T, s.H, s.KV,
+  ws.dout.settle_from(k, io.dout, s.n, s.C);
+  k.linear_backward_input(dy, ws.dout.read(io.dout), w[kOProj], s.n, s.QD, s.C, false);
+  float* dv = fp32_room(ws.dv.dy, dy + size_t(s.n) * s.QD);  // (n,KD)
+  k.gqa_attention_backward(ws.dq, ws.dk, dv, dy, st.q, st.k, st.v, st.y, st.lse, io.scratch, s.b, s.T, s.H, s.KV,
                            s.D);                                                      // after RoPE
+  ws.dv.settle_from(k, dv, s.n, s.KD);
   k.rope(ws.dq, s.b, s.T, s.H, s.D, s.theta, true);                                   // before RoPE
   k.rope(ws.dk, s.b, s.T, s.KV, s.D, s.theta, true);
   if (s.qk_norm) {
@@ -222,7 +234,7 @@ void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, co
   }
   k.linear_backward_input(ws.dh, ws.dq_pre, w[kQProj], s.n, s.C, s.QD, false);         // d normed input (n,C)
   k.linear_backward_input(ws.dh, ws.dk_pre, kv_rows(w[kKProj], s), s.n, s.C, s.KD, true);
-  k.linear_backward_input(ws.dh, ws.dv, kv_rows(w[kVProj], s), s.n, s.C, s.KD, true);  // partial over ranks
+  k.linear_backward_input(ws.dh, ws.dv.dy, kv_rows(w[kVProj], s), s.n, s.C, s.KD, true);  // partial over ranks
   if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);       // residual path
   k.rmsnorm_backward_input(io.din, ws.dh, io.in, st.rstd, w[kInputNorm], s.n, s.C, io.shard == 0);
 }
@@ -232,10 +244,10 @@ void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, c
   AttentionStash st(StashParts::of(io), s);
   AttentionWStash ws(io.wstash, s);
   float* const* g = io.g;
-  k.linear_backward_weight(g[kOProj], nullptr, io.dout, st.y, s.n, s.QD, s.C, io.accumulate(kOProj));
+  ws.dout.weight_gradients(k, g[kOProj], nullptr, io.dout, st.y, s.n, s.QD, s.C, io.accumulate(kOProj));
   k.linear_backward_weight(g[kQProj], nullptr, ws.dq_pre, st.h, s.n, s.C, s.QD, io.accumulate(kQProj));
   kv_backward_weight(k, g[kKProj], ws.dk_pre, st.h, s, io.accumulate(kKProj));
-  kv_backward_weight(k, g[kVProj], ws.dv, st.h, s, io.accumulate(kVProj));
+  kv_backward_weight(k, g[kVProj], ws.dv.dy, st.h, s, io.accumulate(kVProj));
   if (s.qk_norm) {
     k.rmsnorm_backward_weight(g[kQNorm], ws.dq, st.q_pre, st.q_rstd, s.n * s.H, s.D, io.accumulate(kQNorm));
     k.rmsnorm_backward_weight(g[kKNorm], ws.dk, st.k_pre, st.k_rstd, s.n * s.KV, s.D, io.accumulate(kKNorm));
@@ -297,16 +309,17 @@ struct MlpStash {
 };
 
 struct MlpWStash {
+  StashCarver c;
   Act dg, du;  // read by matmuls alone
   float* dh;
+  ProductGradient dout;  // (n,C): io.dout itself in fp32
   size_t floats;
-  MlpWStash(float* p, const Shape& s) {
-    StashCarver c(p);
-    dg = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // (n,F)
-    du = c.keep_act(int64_t(s.n) * s.F, s.bf16);  // (n,F)
-    dh = c.keep<float>(int64_t(s.n) * s.C);        // (n,C)
-    floats = c.bytes() / sizeof(float);
-  }
+  MlpWStash(float* p, const Shape& s)
+      : c(p),
+        dg(c.keep_act(int64_t(s.n) * s.F, s.bf16)),  // (n,F)
+        du(c.keep_act(int64_t(s.n) * s.F, s.bf16)),  // (n,F)
+        dh(c.keep<float>(int64_t(s.n) * s.C)),       // (n,C)
+        dout(c, s.n, s.C, s.bf16, false, false), floats(c.bytes() / sizeof(float)) {}
 };
 
 StashLayout mlp_stash_layout(const Segment& seg, const ModelDims& d, int samples) {
@@ -358,7 +371,8 @@ void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const Se
   MlpWStash ws(io.wstash, s);
   const float* const* w = io.w;
   float* da = io.workspace;  // d(silu(g)·u) (n,F)
-  k.linear_backward_input(da, io.dout, w[kDownProj], s.n, s.F, s.C, false);
+  ws.dout.settle_from(k, io.dout, s.n, s.C);
+  k.linear_backward_input(da, ws.dout.read(io.dout), w[kDownProj], s.n, s.F, s.C, false);
   k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(s.n) * s.F);
   k.linear_backward_input(ws.dh, ws.dg, w[kGateProj], s.n, s.C, s.F, false);  // (n,C)
   k.linear_backward_input(ws.dh, ws.du, w[kUpProj], s.n, s.C, s.F, true);    // partial over ranks
@@ -371,7 +385,7 @@ void mlp_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const S
   MlpStash st(StashParts::of(io), s);
   MlpWStash ws(io.wstash, s);
   float* const* g = io.g;
-  k.linear_backward_weight(g[kDownProj], nullptr, io.dout, st.a, s.n, s.F, s.C, io.accumulate(kDownProj));
+  ws.dout.weight_gradients(k, g[kDownProj], nullptr, io.dout, st.a, s.n, s.F, s.C, io.accumulate(kDownProj));
   k.linear_backward_weight(g[kGateProj], nullptr, ws.dg, st.h, s.n, s.C, s.F, io.accumulate(kGateProj));
   k.linear_backward_weight(g[kUpProj], nullptr, ws.du, st.h, s.n, s.C, s.F, io.accumulate(kUpProj));
   k.rmsnorm_backward_weight(g[kPostAttentionNorm], ws.dh, io.in, st.rstd, s.n, s.C,
