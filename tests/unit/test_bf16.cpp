@@ -115,6 +115,27 @@ TEST_CASE("bf16 gemm: oneDNN's matmul reads and writes inside wider rows, and a 
             else CHECK(got[i] == C[i]);  // the padding is left as it was
           }
       }
+  // a bias added by the product, to every row (and nothing to the padding), after a beta of 0 or 1
+  for (float beta : {0.f, 1.f}) {
+    const int lda = K, ldb = N, ldc = N + pad;
+    std::vector<float> A(size_t(M) * lda), B(size_t(K) * ldb), C(size_t(M) * ldc), bias(static_cast<size_t>(N));
+    for (auto* v : {&A, &B, &C, &bias})
+      for (float& x : *v) x = u(gen);
+    std::vector<float> got = C, want = C;
+    bf16_gemm(false, false, M, N, K, {A.data(), nullptr, lda}, {B.data(), nullptr, ldb}, beta, want.data(), ldc, 2,
+              Bf16GemmPath::Rounded);
+    bf16_gemm(false, false, M, N, K, {A.data(), nullptr, lda}, {B.data(), nullptr, ldb}, beta, got.data(), ldc, 2,
+              Bf16GemmPath::OneDnnMatmul, bias.data());
+    INFO("bias, beta " << beta);
+    for (int r = 0; r < M; ++r)
+      for (int c = 0; c < ldc; ++c) {
+        const size_t i = size_t(r) * ldc + c;
+        if (c < N) CHECK(got[i] == Approx(want[i] + bias[size_t(c)]).margin(1e-4));
+        else CHECK(got[i] == C[i]);
+      }
+  }
+  CHECK_THROWS(bf16_gemm(false, false, 1, 1, 1, {nullptr, nullptr, 1}, {nullptr, nullptr, 1}, 0.f, nullptr, 1, 1,
+                         Bf16GemmPath::Rounded, std::vector<float>(1).data()));  // only the matmul adds a bias
   std::vector<float> C(6, 3.f);
   bf16_gemm_parallel(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 1.f, C.data(), 3, 2, Bf16GemmPath::OneDnnMatmul);
   CHECK(C == std::vector<float>(6, 3.f));  // an empty sum added

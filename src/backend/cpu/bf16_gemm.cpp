@@ -154,8 +154,9 @@ void bf16_gemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, const f
 }
 
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B, float beta,
-               float* C, int ldc, int threads, Bf16GemmPath path) {
+               float* C, int ldc, int threads, Bf16GemmPath path, const float* bias) {
   if (M <= 0 || N <= 0) return;
+  PIPER_CHECK(!bias || bf16_adds_bias(path), "bf16 gemm: a bias on a path that does not add one");
   // op(A) is M×K: stored (M,K), or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
@@ -167,7 +168,7 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input&
     const uint16_t* a = as_bits(A, a_rows, a_cols, a16, threads, lda);
     const uint16_t* b = as_bits(B, b_rows, b_cols, b16, threads, ldb);
     if (path == Bf16GemmPath::OneDnnMatmul)
-      onednn_matmul(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
+      onednn_matmul(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads, bias);
     else
       onednn_gemm(c, trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
     return;

@@ -45,9 +45,11 @@ struct Bf16Input {
   int ld = 0;
   bool rounded = false;
 };
-// C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C as bf16_gemm_parallel, each operand as it comes.
+// C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C as bf16_gemm_parallel, each operand as it comes. `bias` (N), OneDnnMatmul
+// only: added to every row by the product (bf16_adds_bias(path) says where it can be).
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B, float beta,
-               float* C, int ldc, int threads, Bf16GemmPath path);
+               float* C, int ldc, int threads, Bf16GemmPath path, const float* bias = nullptr);
+inline bool bf16_adds_bias(Bf16GemmPath path) { return path == Bf16GemmPath::OneDnnMatmul; }
 
 // An operand rounded once for several products (a weight that stays as it is while they run): packed (rows, cols),
 // as bf16 bits for oneDNN or as rounded floats for sgemm, by the process's path.

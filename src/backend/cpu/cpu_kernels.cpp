@@ -152,16 +152,24 @@ void CpuKernels::keep_weights(bool on) {
 }
 
 // C(M,N) = A(M,K) · op(w) + beta C for a weight w stored (rows, cols): op(w) = wᵀ (trans_w; K = cols) or w (K = rows).
+// `bias` (N): added by the product (bf16 where the path adds one, bf16_adds_bias).
 void CpuKernels::weight_gemm(bool trans_w, int M, int N, int K, ConstAct A, const float* w, int rows, int cols,
-                             float beta, float* C) {
-  if (matmul_ == Precision::Bf16 && t_kept.on)
-    bf16_gemm(false, trans_w, M, N, K, bf16_input(A, K), kept_weight(w, rows, cols, threads_).input(), beta, C, N,
-              threads_, bf16_gemm_path());
-  else
+                             float beta, float* C, const float* bias) {
+  if (matmul_ == Precision::Bf16 && (t_kept.on || bias)) {
+    // the kept operand, or w's values rounded in the call
+    const Bf16Input wi = t_kept.on ? kept_weight(w, rows, cols, threads_).input() : Bf16Input{w, nullptr, cols};
+    bf16_gemm(false, trans_w, M, N, K, bf16_input(A, K), wi, beta, C, N, threads_, bf16_gemm_path(), bias);
+  } else {
+    PIPER_CHECK(!bias, "a bias added by an fp32 product");
     gemm(false, trans_w, M, N, K, A, K, w, cols, beta, C, N);
+  }
 }
 
 void CpuKernels::linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) {
+  if (b && matmul_ == Precision::Bf16 && bf16_adds_bias(bf16_gemm_path())) {  // the bias added by the product
+    weight_gemm(true, N, OC, C, x, w, OC, C, 0.f, y, b);                       // w (OC,C)
+    return;
+  }
   if (b) {
     for_range(size_t(N), threads_, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) std::memcpy(y + r * OC, b, sizeof(float) * OC);

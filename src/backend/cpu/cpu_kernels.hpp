@@ -98,7 +98,7 @@ class CpuKernels final : public Kernels {
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, ConstAct A, int lda, ConstAct B, int ldb, float beta,
             float* C, int ldc);
   void weight_gemm(bool trans_w, int M, int N, int K, ConstAct A, const float* w, int rows, int cols, float beta,
-                   float* C);
+                   float* C, const float* bias = nullptr);
   // sums(C) (+)= Σ_rows x(N,C) in row order; rounded(N,C) = x in bf16 where given (one pass).
   void column_sums(float* sums, const float* x, int N, int C, bool accumulate, uint16_t* rounded);
 

@@ -93,11 +93,11 @@ void check(dnnl_status_t status, const char* what) {
 
 // A product's shape, as primitives are made for it.
 struct MatmulKey {
-  bool trans_a, trans_b, accumulate;
+  bool trans_a, trans_b, accumulate, bias;
   int M, N, K, lda, ldb, ldc, threads;
   bool operator==(const MatmulKey& o) const {
-    return trans_a == o.trans_a && trans_b == o.trans_b && accumulate == o.accumulate && M == o.M && N == o.N &&
-           K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && threads == o.threads;
+    return trans_a == o.trans_a && trans_b == o.trans_b && accumulate == o.accumulate && bias == o.bias &&
+           M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && threads == o.threads;
   }
 };
 
@@ -105,7 +105,7 @@ struct MatmulKey {
 struct Matmul {
   MatmulKey key;
   dnnl_primitive_t primitive = nullptr;
-  dnnl_memory_t a = nullptr, b = nullptr, c = nullptr;
+  dnnl_memory_t a = nullptr, b = nullptr, c = nullptr, bias = nullptr;
   std::string impl;
 };
 
@@ -135,8 +135,9 @@ Matmul make_matmul(const MatmulKey& k) {
   const dnnl_memory_desc_t a = matrix_desc(k.trans_a ? k.K : k.M, k.trans_a ? k.M : k.K, k.lda, k.trans_a, dnnl_bf16);
   const dnnl_memory_desc_t b = matrix_desc(k.trans_b ? k.N : k.K, k.trans_b ? k.K : k.N, k.ldb, k.trans_b, dnnl_bf16);
   const dnnl_memory_desc_t c = matrix_desc(k.M, k.N, k.ldc, false, dnnl_f32);
+  const dnnl_memory_desc_t bias = matrix_desc(1, k.N, k.N, false, dnnl_f32);  // (1,N), broadcast over the rows
   dnnl_matmul_desc_t desc;
-  check(d.dnnl_matmul_desc_init(&desc, &a, &b, nullptr, &c), "its descriptor");
+  check(d.dnnl_matmul_desc_init(&desc, &a, &b, k.bias ? &bias : nullptr, &c), "its descriptor");
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t ops = nullptr;
   check(d.dnnl_primitive_attr_create(&attr), "its attributes");
@@ -158,6 +159,7 @@ Matmul make_matmul(const MatmulKey& k) {
   check(d.dnnl_memory_create(&m.a, &a, d.engine, DNNL_MEMORY_NONE), "a memory object");
   check(d.dnnl_memory_create(&m.b, &b, d.engine, DNNL_MEMORY_NONE), "a memory object");
   check(d.dnnl_memory_create(&m.c, &c, d.engine, DNNL_MEMORY_NONE), "a memory object");
+  if (k.bias) check(d.dnnl_memory_create(&m.bias, &bias, d.engine, DNNL_MEMORY_NONE), "a memory object");
   return m;
 }
 
@@ -179,25 +181,29 @@ bool onednn_matmul_available(std::string* why_not) {
 }
 
 void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-                   int ldb, float beta, float* C, int ldc, int threads) {
+                   int ldb, float beta, float* C, int ldc, int threads, const float* bias) {
   if (M <= 0 || N <= 0) return;
   PIPER_CHECK(beta == 0.f || beta == 1.f, "oneDNN matmul: beta must be 0 or 1");
-  if (K <= 0) {  // an empty sum: C = beta · C
-    if (beta == 0.f)
-      for (int r = 0; r < M; ++r)
-        for (int c = 0; c < N; ++c) C[int64_t(r) * ldc + c] = 0.f;
+  if (K <= 0) {  // an empty sum: C = bias + beta · C
+    for (int r = 0; r < M; ++r)
+      for (int c = 0; c < N; ++c) {
+        float& out = C[int64_t(r) * ldc + c];
+        out = (bias ? bias[c] : 0.f) + (beta == 0.f ? 0.f : out);
+      }
     return;
   }
   const OneDnnApi& d = api();
   PIPER_CHECK(d.missing.empty(), cat("oneDNN matmul asked for but ", d.missing));
-  const Matmul& m = matmul_for({trans_a, trans_b, beta != 0.f, M, N, K, lda, ldb, ldc, threads});
+  const Matmul& m = matmul_for({trans_a, trans_b, beta != 0.f, bias != nullptr, M, N, K, lda, ldb, ldc, threads});
   if (!t_matmuls.stream) check(d.dnnl_stream_create(&t_matmuls.stream, d.engine, dnnl_stream_default_flags), "a stream");
   check(d.dnnl_memory_set_data_handle(m.a, const_cast<uint16_t*>(A)), "setting A");
   check(d.dnnl_memory_set_data_handle(m.b, const_cast<uint16_t*>(B)), "setting B");
   check(d.dnnl_memory_set_data_handle(m.c, C), "setting C");
-  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b}, {DNNL_ARG_DST, m.c}};
+  if (bias) check(d.dnnl_memory_set_data_handle(m.bias, const_cast<float*>(bias)), "setting the bias");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b}, {DNNL_ARG_DST, m.c},
+                                  {DNNL_ARG_BIAS, m.bias}};
   omp_set_num_threads(threads);
-  check(d.dnnl_primitive_execute(m.primitive, t_matmuls.stream, 3, args), "executing");
+  check(d.dnnl_primitive_execute(m.primitive, t_matmuls.stream, bias ? 4 : 3, args), "executing");
   check(d.dnnl_stream_wait(t_matmuls.stream), "waiting for its stream");
 }
 
@@ -210,7 +216,8 @@ bool onednn_matmul_available(std::string* why_not) {
   return false;
 }
 
-void onednn_matmul(bool, bool, int, int, int, const uint16_t*, int, const uint16_t*, int, float, float*, int, int) {
+void onednn_matmul(bool, bool, int, int, int, const uint16_t*, int, const uint16_t*, int, float, float*, int, int,
+                   const float*) {
   throw SystemError("oneDNN matmul: built without oneDNN's headers (Debian's libdnnl-dev)");
 }
 

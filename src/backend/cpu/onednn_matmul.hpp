@@ -10,10 +10,11 @@ namespace piper {
 // has the C API's functions. Asked once; `why_not` says what is missing when it cannot.
 bool onednn_matmul_available(std::string* why_not = nullptr);
 
-// C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C, row-major, A and B bf16 bits with leading dimensions lda and ldb, C fp32
-// with ldc; beta 0 or 1. On `threads` OpenMP threads of the calling thread; primitives are kept per thread and shape.
+// C(M,N) = op(A)(M,K) · op(B)(K,N) (+ bias(N) on every row, fp32, where given) + beta · C, row-major, A and B bf16
+// bits with leading dimensions lda and ldb, C fp32 with ldc; beta 0 or 1. On `threads` OpenMP threads of the calling
+// thread; primitives are kept per thread and shape.
 void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-                   int ldb, float beta, float* C, int ldc, int threads);
+                   int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
 
 // The implementation oneDNN chose for the last shape this thread made (e.g. "brg:avx512_core_amx_bf16"), or "".
 std::string onednn_matmul_last_impl();
