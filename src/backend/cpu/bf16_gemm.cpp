@@ -58,11 +58,12 @@ const Bf16Choice& choice() {
     if (!asked.empty() && asked != "onednn" && asked != "onednn-gemm" && asked != "rounded")
       throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\": expected \"onednn\", \"onednn-gemm\" or \"rounded\" (or "
                           "unset: by the processor)"));
-    if (asked.rfind("onednn", 0) == 0 && !r.onednn)
+    const bool asked_onednn = asked == "onednn" || asked == "onednn-gemm";
+    if (asked_onednn && !r.onednn)
       throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\" but libdnnl.so.2 (Debian's libdnnl2) does not load here"));
     std::string no_matmul;
     r.matmul = r.onednn && onednn_matmul_available(&no_matmul);
-    const bool use = asked.rfind("onednn", 0) == 0 || (asked.empty() && r.onednn && !flags.empty());
+    const bool use = asked_onednn || (asked.empty() && r.onednn && !flags.empty());
     r.path = !use ? Bf16GemmPath::Rounded
              : r.matmul && asked != "onednn-gemm" ? Bf16GemmPath::OneDnnMatmul
                                                   : Bf16GemmPath::OneDnn;

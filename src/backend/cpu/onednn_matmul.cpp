@@ -22,28 +22,18 @@ namespace piper {
 
 namespace {
 
-// The C API's functions this file calls, looked up by name (their types from the headers this build saw).
+// The C API's functions this file calls, each looked up by name in libdnnl.so.2 with the type its header gives it.
+#define PIPER_DNNL_FUNCTIONS(X)                                                                                      \
+  X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_wait) X(dnnl_memory_desc_init_by_strides)               \
+  X(dnnl_matmul_desc_init) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)                             \
+  X(dnnl_primitive_attr_set_post_ops) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy) X(dnnl_post_ops_append_sum)  \
+  X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create) X(dnnl_primitive_execute)   \
+  X(dnnl_memory_create) X(dnnl_memory_set_data_handle)
+
 struct OneDnnApi {
-#define PIPER_DNNL_FN(name) decltype(&::name) name = nullptr
-  PIPER_DNNL_FN(dnnl_engine_create);
-  PIPER_DNNL_FN(dnnl_stream_create);
-  PIPER_DNNL_FN(dnnl_stream_wait);
-  PIPER_DNNL_FN(dnnl_memory_desc_init_by_strides);
-  PIPER_DNNL_FN(dnnl_matmul_desc_init);
-  PIPER_DNNL_FN(dnnl_primitive_attr_create);
-  PIPER_DNNL_FN(dnnl_primitive_attr_destroy);
-  PIPER_DNNL_FN(dnnl_primitive_attr_set_post_ops);
-  PIPER_DNNL_FN(dnnl_post_ops_create);
-  PIPER_DNNL_FN(dnnl_post_ops_destroy);
-  PIPER_DNNL_FN(dnnl_post_ops_append_sum);
-  PIPER_DNNL_FN(dnnl_primitive_desc_create);
-  PIPER_DNNL_FN(dnnl_primitive_desc_destroy);
-  PIPER_DNNL_FN(dnnl_primitive_desc_query);
-  PIPER_DNNL_FN(dnnl_primitive_create);
-  PIPER_DNNL_FN(dnnl_primitive_execute);
-  PIPER_DNNL_FN(dnnl_memory_create);
-  PIPER_DNNL_FN(dnnl_memory_set_data_handle);
-#undef PIPER_DNNL_FN
+#define PIPER_DNNL_MEMBER(name) decltype(&::name) name = nullptr;
+  PIPER_DNNL_FUNCTIONS(PIPER_DNNL_MEMBER)
+#undef PIPER_DNNL_MEMBER
   dnnl_engine_t engine = nullptr;
   std::string missing;  // what is not there ("" when all is)
 };
@@ -60,25 +50,8 @@ const OneDnnApi& api() {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
       if (!fn && r.missing.empty()) r.missing = cat("libdnnl.so.2 has no ", name);
     };
-#define PIPER_DNNL_LOOK(name) look(r.name, #name)
-    PIPER_DNNL_LOOK(dnnl_engine_create);
-    PIPER_DNNL_LOOK(dnnl_stream_create);
-    PIPER_DNNL_LOOK(dnnl_stream_wait);
-    PIPER_DNNL_LOOK(dnnl_memory_desc_init_by_strides);
-    PIPER_DNNL_LOOK(dnnl_matmul_desc_init);
-    PIPER_DNNL_LOOK(dnnl_primitive_attr_create);
-    PIPER_DNNL_LOOK(dnnl_primitive_attr_destroy);
-    PIPER_DNNL_LOOK(dnnl_primitive_attr_set_post_ops);
-    PIPER_DNNL_LOOK(dnnl_post_ops_create);
-    PIPER_DNNL_LOOK(dnnl_post_ops_destroy);
-    PIPER_DNNL_LOOK(dnnl_post_ops_append_sum);
-    PIPER_DNNL_LOOK(dnnl_primitive_desc_create);
-    PIPER_DNNL_LOOK(dnnl_primitive_desc_destroy);
-    PIPER_DNNL_LOOK(dnnl_primitive_desc_query);
-    PIPER_DNNL_LOOK(dnnl_primitive_create);
-    PIPER_DNNL_LOOK(dnnl_primitive_execute);
-    PIPER_DNNL_LOOK(dnnl_memory_create);
-    PIPER_DNNL_LOOK(dnnl_memory_set_data_handle);
+#define PIPER_DNNL_LOOK(name) look(r.name, #name);
+    PIPER_DNNL_FUNCTIONS(PIPER_DNNL_LOOK)
 #undef PIPER_DNNL_LOOK
     if (r.missing.empty() && r.dnnl_engine_create(&r.engine, dnnl_cpu, 0) != dnnl_success)
       r.missing = "oneDNN made no CPU engine";
@@ -106,13 +79,11 @@ struct Matmul {
   MatmulKey key;
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_t a = nullptr, b = nullptr, c = nullptr, bias = nullptr;
-  std::string impl;
 };
 
 struct ThreadMatmuls {
   dnnl_stream_t stream = nullptr;
   std::vector<Matmul> made;  // a handful of shapes a run: searched in order
-  std::string last_impl;
 };
 thread_local ThreadMatmuls t_matmuls;
 
@@ -151,8 +122,6 @@ Matmul make_matmul(const MatmulKey& k) {
   if (ops) d.dnnl_post_ops_destroy(ops);
   d.dnnl_primitive_attr_destroy(attr);
   check(made, cat("a primitive for ", k.M, "x", k.N, "x", k.K).c_str());
-  const char* impl = nullptr;
-  if (d.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) m.impl = impl;
   const dnnl_status_t created = d.dnnl_primitive_create(&m.primitive, pd);
   d.dnnl_primitive_desc_destroy(pd);
   check(created, "the primitive");
@@ -168,7 +137,6 @@ const Matmul& matmul_for(const MatmulKey& k) {
     if (m.key == k) return m;
   omp_set_num_threads(k.threads);  // oneDNN sizes the primitive's work for the threads it sees now
   t_matmuls.made.push_back(make_matmul(k));
-  t_matmuls.last_impl = t_matmuls.made.back().impl;
   return t_matmuls.made.back();
 }
 
@@ -207,8 +175,6 @@ void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16
   check(d.dnnl_stream_wait(t_matmuls.stream), "waiting for its stream");
 }
 
-std::string onednn_matmul_last_impl() { return t_matmuls.last_impl; }
-
 #else  // built without oneDNN's headers: the gemm API alone (bf16_gemm.cpp)
 
 bool onednn_matmul_available(std::string* why_not) {
@@ -220,8 +186,6 @@ void onednn_matmul(bool, bool, int, int, int, const uint16_t*, int, const uint16
                    const float*) {
   throw SystemError("oneDNN matmul: built without oneDNN's headers (Debian's libdnnl-dev)");
 }
-
-std::string onednn_matmul_last_impl() { return ""; }
 
 #endif
 

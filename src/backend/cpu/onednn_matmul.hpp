@@ -16,7 +16,4 @@ bool onednn_matmul_available(std::string* why_not = nullptr);
 void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
                    int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
 
-// The implementation oneDNN chose for the last shape this thread made (e.g. "brg:avx512_core_amx_bf16"), or "".
-std::string onednn_matmul_last_impl();
-
 }  // namespace piper

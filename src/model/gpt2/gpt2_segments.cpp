@@ -79,7 +79,6 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
   return nullptr;
 }
 
-
 // ---- attention half: x(n,C) → x + proj(attn(qkv(ln1 x))). Parameters in AttentionParam order ----
 // Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
 // keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
