@@ -82,6 +82,13 @@ class Kernels {
   virtual void linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
                                    int OC, float* room = nullptr) = 0;
   // dx(N,C) (+)= dy(N,OC) · w(OC,C); dy may be a bf16 activation.
+  // y(N,OC) = linear_forward's values rounded to bf16, to to_bf16's bits; room (N,OC) fp32 is the backend's to use
+  // (this default: linear_forward into room, then to_bf16; a backend may write the rounded values directly).
+  virtual void linear_forward_to_bf16(uint16_t* y, ConstAct x, const float* w, const float* b, int N, int C, int OC,
+                                      float* room) {
+    linear_forward(room, x, w, b, N, C, OC);
+    to_bf16(y, room, size_t(N) * size_t(OC));
+  }
   virtual void linear_backward_input(float* dx, ConstAct dy, const float* w, int N, int C, int OC,
                                      bool accumulate) = 0;
   // dw(OC,C) (+)= dy^T · x(N,C); db(OC) (+)= Σ_rows dy; db may be null. x may be a bf16 activation, and so may dy
@@ -91,6 +98,9 @@ class Kernels {
   // dst(N,C) = src rounded to bf16 (as to_bf16), and sums(C) = Σ_rows src summed as linear_backward_weight sums its
   // db (its bits, on each backend): a gradient that products read in bf16, with its bias gradient from fp32.
   virtual void to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) = 0;
+  // dpre(N,C) = dy(N,C) ⊙ dgelu rounded to bf16, and sums(C) = Σ_rows of those products in fp32: gelu_backward, then
+  // to_bf16_with_column_sums of its output, to their bits, without writing the fp32 products.
+  virtual void gelu_backward_to_bf16(uint16_t* dpre, float* sums, const float* dy, ConstAct dgelu, int N, int C) = 0;
   // Many independent products in one call (the experts of a mixture of experts): the same as one
   // linear_forward / linear_backward_input / linear_backward_weight call per group, in list order. Groups that
   // write the same output name the same matrix and run in list order; other outputs do not overlap, and no group

@@ -78,6 +78,12 @@ void ProfilingKernels::linear_forward(float* y, ConstAct x, const float* w, cons
   std::string s = shape_key("linear_forward", N, C, OC);
   timed("linear_forward", [&] { k_.linear_forward(y, x, w, b, N, C, OC); }, matmul_flops(N, C, OC), s.c_str());
 }
+void ProfilingKernels::linear_forward_to_bf16(uint16_t* y, ConstAct x, const float* w, const float* b, int N, int C,
+                                              int OC, float* room) {
+  std::string s = shape_key("linear_forward_to_bf16", N, C, OC);
+  timed("linear_forward_to_bf16", [&] { k_.linear_forward_to_bf16(y, x, w, b, N, C, OC, room); },
+        matmul_flops(N, C, OC), s.c_str());
+}
 void ProfilingKernels::linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N,
                                            int C, int OC, float* room) {
   std::string s = shape_key("linear_gelu_forward", N, C, OC);
@@ -222,6 +228,11 @@ void ProfilingKernels::fill(float* y, float value, size_t n) {
 }
 void ProfilingKernels::to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) {
   timed("to_bf16_with_column_sums", [&] { k_.to_bf16_with_column_sums(dst, sums, src, N, C); });
+}
+
+void ProfilingKernels::gelu_backward_to_bf16(uint16_t* dpre, float* sums, const float* dy, ConstAct dgelu, int N,
+                                             int C) {
+  timed("gelu_backward_to_bf16", [&] { k_.gelu_backward_to_bf16(dpre, sums, dy, dgelu, N, C); });
 }
 void ProfilingKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {
   timed("to_bf16", [&] { k_.to_bf16(dst, src, n); });

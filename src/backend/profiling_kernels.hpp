@@ -100,7 +100,10 @@ class ProfilingKernels : public Kernels {
   void add(float* y, const float* a, const float* b, size_t n) override;
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;
+  void linear_forward_to_bf16(uint16_t* y, ConstAct x, const float* w, const float* b, int N, int C, int OC,
+                              float* room) override;
   void to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) override;
+  void gelu_backward_to_bf16(uint16_t* dpre, float* sums, const float* dy, ConstAct dgelu, int N, int C) override;
   void to_bf16(uint16_t* dst, const float* src, size_t n) override;
   void from_bf16(float* dst, const uint16_t* src, size_t n) override;
   void copy(void* dst, const void* src, size_t bytes) override;

@@ -19,12 +19,12 @@ inline void settle(Kernels& k, Act a, const float* computed, size_t n) {
   if (a.bf16) k.to_bf16(a.bits(), computed, n);
 }
 
-// y(N,OC) = x(N,C) · w(OC,C)ᵀ + b into the activation y, through `room` when y is bf16.
+// y(N,OC) = x(N,C) · w(OC,C)ᵀ + b into the activation y: a bf16 y rounded as the backend writes it (`room`, the
+// fp32 values where it needs them).
 inline void linear_into(Kernels& k, Act y, float* room, ConstAct x, const float* w, const float* b, int N, int C,
                         int OC) {
-  float* out = fp32_room(y, room);
-  k.linear_forward(out, x, w, b, N, C, OC);
-  settle(k, y, out, size_t(N) * size_t(OC));
+  if (y.bf16) return k.linear_forward_to_bf16(y.bits(), x, w, b, N, C, OC, fp32_room(y, room));
+  k.linear_forward(y.f32(), x, w, b, N, C, OC);
 }
 
 }  // namespace piper

@@ -28,6 +28,13 @@ struct ProductGradient {
     if (db) k.to_bf16_with_column_sums(dy.bits(), db, computed, n, OC);
     else k.to_bf16(dy.bits(), computed, size_t(n) * OC);
   }
+  // dy = computed ⊙ dgelu (gelu_backward of the fp32 values at `computed`): in place where fp32; where bf16, rounded
+  // as it is made, with the bias gradient, and the fp32 products never written.
+  void settle_gelu_backward_from(Kernels& k, float* computed, ConstAct dgelu, int n, int OC) const {
+    if (dy.bf16 && db) return k.gelu_backward_to_bf16(dy.bits(), db, computed, dgelu, n, OC);
+    k.gelu_backward(computed, computed, dgelu, size_t(n) * OC);
+    settle_from(k, computed, n, OC);
+  }
   // dw (+)= dyᵀ · x(n,C) and bias_grad (+)= Σ_rows dy (may be null); `source` as for read().
   void weight_gradients(Kernels& k, float* dw, float* bias_grad, const float* source, ConstAct x, int n, int C, int OC,
                         bool accumulate) const {

@@ -109,6 +109,25 @@ void bf16_linear_cases(std::vector<KernelCase>& cases) {
                      .reference = [=](Tensors& t) { t["y"] = as_f32(forward(t, true)); },
                      .threads_rtol = 1e-4,
                      .property = rounded_not_fp32("y", [=](const Tensors& t) { return forward(t, false); })});
+    // the product written as bf16 (oneDNN's matmul primitive rounds as it stores, where it is the path): one bf16
+    // step from the double product at most (relative to the output's scale), and linear_forward's values rounded to the bit
+    cases.push_back({.name = "bf16 linear_forward_to_bf16 " + shape,
+                     .make = start,
+                     .call = in_bf16([=](Kernels& k, Buffers& b) {
+                       const size_t n = size_t(N) * OC;
+                       auto* bits = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+                       k.linear_forward_to_bf16(bits, b.f("x"), b.f("w"), b.f("b"), N, C, OC, b.scratch(n));
+                       k.from_bf16(b.f("y"), bits, n);
+                     }),
+                     .outs = {{"y", 8e-3, 8e-3, 0, 1}},
+                     .reference = [=](Tensors& t) { t["y"] = as_f32(forward(t, true)); },
+                     .threads_rtol = 8e-3,
+                     .twins = {{.what = "linear_forward, then to_bf16",
+                                .call = in_bf16([=](Kernels& k, Buffers& b) {
+                                  k.linear_forward(b.f("y"), b.f("x"), b.f("w"), b.f("b"), N, C, OC);
+                                  round_in_place(k, b, "y", size_t(N) * OC);
+                                }),
+                                .rtol = 0}}});
     cases.push_back({.name = "bf16 linear_gelu_forward " + shape,
                      .make = start,
                      .call = in_bf16([=](Kernels& k, Buffers& b) {
@@ -196,6 +215,56 @@ void bf16_grouped_cases(std::vector<KernelCase>& cases) {
 // x → bf16 → y on sizes that split across threads and CUDA blocks, with ties (to even, both ways), values that
 // round up into the next binade, zeros of both signs, infinities and the largest floats (which round to infinity).
 void bf16_storage_cases(std::vector<KernelCase>& cases) {
+  // GPT-2's d(fc pre-activation) in a bf16 run: dy ⊙ gelu' rounded, with its bias gradient from the fp32 products
+  for (bool bf16_dgelu : {false, true}) {
+    const int N = 300, C = 70;
+    const size_t n = size_t(N) * C;
+    auto dgelu_of = [=](Kernels& k, Buffers& b) {
+      return bf16_dgelu ? as_bf16(k, b, "dgelu", n) : ConstAct(b.f("dgelu"));
+    };
+    cases.push_back(
+        {.name = std::string("gelu_backward, then to_bf16_with_column_sums") + (bf16_dgelu ? " from a bf16 dgelu " : " ") +
+                 dims({{"N", N}, {"C", C}}),
+         .make =
+             [=](std::mt19937& gen) {
+               Tensors t;
+               t["dy"] = f32(uniform(gen, n));
+               t["dgelu"] = f32(uniform(gen, n, -0.13f, 1.13f));  // the range of gelu'
+               t["dpre"] = f32(filled(n, 123.f));
+               t["db"] = f32(filled(size_t(C), 123.f));
+               return t;
+             },
+         .call =
+             [=](Kernels& k, Buffers& b) {
+               float* products = b.scratch(n);
+               auto* bits = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+               k.gelu_backward(products, b.f("dy"), dgelu_of(k, b), n);
+               k.to_bf16_with_column_sums(bits, b.f("db"), products, N, C);
+               k.from_bf16(b.f("dpre"), bits, n);
+             },
+         .outs = {{"dpre", 0, 0}, {"db", 1e-5, 1e-5, 0, 1}},
+         .reference =
+             [=](Tensors& t) {
+               const std::vector<float> g = bf16_dgelu ? rounded(t["dgelu"].f) : t["dgelu"].f;
+               std::vector<float> dpre(n);
+               std::vector<double> db(size_t(C), 0.0);
+               for (size_t i = 0; i < n; ++i) {
+                 const float p = t["dy"].f[i] * g[i];  // the kernels' float product
+                 dpre[i] = round_bf16(p);
+                 db[i % size_t(C)] += p;
+               }
+               t["dpre"] = f32(dpre);
+               t["db"] = as_f32(db);
+             },
+         .twins = {{.what = "gelu_backward_to_bf16, without the fp32 products",
+                    .call =
+                        [=](Kernels& k, Buffers& b) {
+                          auto* bits = reinterpret_cast<uint16_t*>(b.scratch((n + 1) / 2));
+                          k.gelu_backward_to_bf16(bits, b.f("db"), b.f("dy"), dgelu_of(k, b), N, C);
+                          k.from_bf16(b.f("dpre"), bits, n);
+                        },
+                    .rtol = 0}}});
+  }
   for (size_t n : {size_t(5), size_t(70001)}) {
     cases.push_back({.name = "to_bf16 then from_bf16 " + dims({{"n", long(n)}}),
                      .make =

@@ -180,6 +180,19 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input&
   sgemm_parallel(trans_a, trans_b, M, N, K, 1.f, a, lda, b, ldb, beta, C, ldc, threads);
 }
 
+void bf16_gemm_to_bf16(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B,
+                       uint16_t* C, int ldc, int threads, const float* bias) {
+  if (M <= 0 || N <= 0) return;
+  PIPER_CHECK(choice().matmul, "bf16 gemm: a bf16 output without oneDNN's matmul primitive");
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  int lda = 0, ldb = 0;
+  static thread_local std::vector<uint16_t> a16, b16;  // grown once, reused by every later call
+  const uint16_t* a = as_bits(A, a_rows, a_cols, a16, threads, lda);
+  const uint16_t* b = as_bits(B, b_rows, b_cols, b16, threads, ldb);
+  onednn_matmul_to_bf16(trans_a, trans_b, M, N, K, a, lda, b, ldb, C, ldc, threads, bias);
+}
+
 void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads) {
   out.source = src, out.rows = rows, out.cols = cols, out.ld = ld;
   if (choice().path != Bf16GemmPath::Rounded)

@@ -50,6 +50,11 @@ struct Bf16Input {
 void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B, float beta,
                float* C, int ldc, int threads, Bf16GemmPath path, const float* bias = nullptr);
 inline bool bf16_adds_bias(Bf16GemmPath path) { return path == Bf16GemmPath::OneDnnMatmul; }
+// C(M,N) = op(A) · op(B) (+ bias) as bf16_gemm with beta 0, C stored as bf16 bits (the fp32 sums rounded to nearest,
+// ties to even, as they are stored): OneDnnMatmul only (bf16_writes_bf16(path) says where).
+void bf16_gemm_to_bf16(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A, const Bf16Input& B,
+                       uint16_t* C, int ldc, int threads, const float* bias = nullptr);
+inline bool bf16_writes_bf16(Bf16GemmPath path) { return path == Bf16GemmPath::OneDnnMatmul; }
 
 // An operand rounded once for several products (a weight that stays as it is while they run): packed (rows, cols),
 // as bf16 bits for oneDNN or as rounded floats for sgemm, by the process's path.

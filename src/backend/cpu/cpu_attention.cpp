@@ -36,11 +36,13 @@ void attention_forward_in(int threads, float* y, Act att, ConstAct qkv, int B, i
       const ConstAct v = q.at(2 * C);
       const int64_t at = int64_t(bh) * T * T;
       float* S = att.bf16 ? tile.data() : att.f32() + at;  // (T,T)
-      attention_product<kBf16>(false, true, T, T, hd, scale, q, int(C3), k, int(C3), 0.f, S, T);
+      // bf16: the scale applied in the softmax's pass (the same float products, a pass over S fewer)
+      attention_product<kBf16>(false, true, T, T, hd, kBf16 ? 1.f : scale, q, int(C3), k, int(C3), 0.f, S, T);
+      const float row_scale = kBf16 ? scale : 1.f;
       for (int t = 0; t < T; ++t) {
         float* __restrict row = S + int64_t(t) * T;
-        const float mx = vec::lane_max(row, t + 1);
-        for (int j = 0; j <= t; ++j) row[j] = vec::exp_approx(row[j] - mx);
+        const float mx = row_scale * vec::lane_max(row, t + 1);  // scale > 0: the max of the scaled row
+        for (int j = 0; j <= t; ++j) row[j] = vec::exp_approx(row_scale * row[j] - mx);
         const float sum = vec::lane_sum(t + 1, [&](int j) { return row[j]; });
         float inv = 1.0f / sum;
         for (int j = 0; j <= t; ++j) row[j] *= inv;
@@ -58,7 +60,8 @@ void attention_forward_in(int threads, float* y, Act att, ConstAct qkv, int B, i
   }
 }
 
-// dqkv(B,T,3C) from dy(B,T,C), qkv and the kept probabilities; scratch: a (T,T) dP per thread
+// dqkv(B,T,3C) from dy(B,T,C), qkv and the kept probabilities; scratch: a (T,T) dP per thread. kBf16: each head's
+// dy and dS rounded once into bf16 tiles of this thread, which both of their products read.
 template <bool kBf16>
 void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct qkv, ConstAct att,
                            float* scratch, int B, int T, int C, int NH) {
@@ -66,33 +69,53 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t C3 = 3 * int64_t(C);
   int nt = std::min(threads, B * NH);
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    float* dP = scratch + int64_t(omp_get_thread_num()) * T * T;  // (T,T)
-    const ConstAct q = qkv.at(int64_t(b) * T * C3 + h * hd);
-    const ConstAct k = q.at(C);
-    const ConstAct v = q.at(2 * C);
-    float* dq = dqkv + int64_t(b) * T * C3 + h * hd;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const ConstAct P = att.at(int64_t(bh) * T * T);  // (T,T)
-    const float* dY = dy + int64_t(b) * T * C + h * hd;
-    // dP = dY · V^T; dV = P^T · dY
-    attention_product<kBf16>(false, true, T, T, hd, 1.f, dY, C, v, int(C3), 0.f, dP, T);
-    attention_product<kBf16>(true, false, T, hd, T, 1.f, P, T, dY, C, 0.f, dv, int(C3));
-    // dS = P ⊙ (dP − Σ_j P dP), causal, with P as att holds it (a bf16 att widened)
-    for (int t = 0; t < T; ++t) {
-      float* __restrict d = dP + int64_t(t) * T;
-      cpu::with_storage(P.at(int64_t(t) * T), [&](const auto* __restrict p) {
-        const float dot = vec::lane_sum(t + 1, [&](int j) { return cpu::value(p, j) * d[j]; });
-        for (int j = 0; j <= t; ++j) d[j] = cpu::value(p, j) * (d[j] - dot);
-      });
-      for (int j = t + 1; j < T; ++j) d[j] = 0.f;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    static thread_local std::vector<uint16_t> dy_tile, ds_tile;  // (T,hd) and (T,T), kept for the next call
+    if (kBf16 && dy_tile.size() < size_t(T) * hd) dy_tile.resize(size_t(T) * hd);
+    if (kBf16 && ds_tile.size() < size_t(T) * T) ds_tile.resize(size_t(T) * T);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      float* dP = scratch + int64_t(omp_get_thread_num()) * T * T;  // (T,T)
+      const ConstAct q = qkv.at(int64_t(b) * T * C3 + h * hd);
+      const ConstAct k = q.at(C);
+      const ConstAct v = q.at(2 * C);
+      float* dq = dqkv + int64_t(b) * T * C3 + h * hd;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const ConstAct P = att.at(int64_t(bh) * T * T);  // (T,T)
+      const float* dY = dy + int64_t(b) * T * C + h * hd;
+      ConstAct dYp(dY);  // (T,hd), leading dimension ldy
+      int ldy = C;
+      if constexpr (kBf16) {
+        for (int t = 0; t < T; ++t)
+          for (int c = 0; c < hd; ++c) dy_tile[size_t(t) * hd + c] = bf16_bits(dY[int64_t(t) * C + c]);
+        dYp = ConstAct(dy_tile.data(), true), ldy = hd;
+      }
+      // dP = dY · V^T; dV = P^T · dY
+      attention_product<kBf16>(false, true, T, T, hd, 1.f, dYp, ldy, v, int(C3), 0.f, dP, T);
+      attention_product<kBf16>(true, false, T, hd, T, 1.f, P, T, dYp, ldy, 0.f, dv, int(C3));
+      // dS = P ⊙ (dP − Σ_j P dP), causal, with P as att holds it (a bf16 att widened); kBf16: into the bf16 tile
+      for (int t = 0; t < T; ++t) {
+        float* __restrict d = dP + int64_t(t) * T;
+        cpu::with_storage(P.at(int64_t(t) * T), [&](const auto* __restrict p) {
+          const float dot = vec::lane_sum(t + 1, [&](int j) { return cpu::value(p, j) * d[j]; });
+          if constexpr (kBf16) {
+            uint16_t* __restrict ds = ds_tile.data() + int64_t(t) * T;
+            for (int j = 0; j <= t; ++j) ds[j] = bf16_bits(cpu::value(p, j) * (d[j] - dot));
+            for (int j = t + 1; j < T; ++j) ds[j] = 0;
+          } else {
+            for (int j = 0; j <= t; ++j) d[j] = cpu::value(p, j) * (d[j] - dot);
+            for (int j = t + 1; j < T; ++j) d[j] = 0.f;
+          }
+        });
+      }
+      const ConstAct dS = kBf16 ? ConstAct(ds_tile.data(), true) : ConstAct(dP);  // (T,T)
+      // dQ = dS · K · scale; dK = dS^T · Q · scale
+      attention_product<kBf16>(false, false, T, hd, T, scale, dS, T, k, int(C3), 0.f, dq, int(C3));
+      attention_product<kBf16>(true, false, T, hd, T, scale, dS, T, q, int(C3), 0.f, dk, int(C3));
     }
-    // dQ = dS · K · scale; dK = dS^T · Q · scale
-    attention_product<kBf16>(false, false, T, hd, T, scale, dP, T, k, int(C3), 0.f, dq, int(C3));
-    attention_product<kBf16>(true, false, T, hd, T, scale, dP, T, q, int(C3), 0.f, dk, int(C3));
   }
 }
 

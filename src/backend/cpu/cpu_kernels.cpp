@@ -178,6 +178,14 @@ void CpuKernels::linear_forward(float* y, ConstAct x, const float* w, const floa
   weight_gemm(true, N, OC, C, x, w, OC, C, b ? 1.f : 0.f, y);  // w (OC,C)
 }
 
+void CpuKernels::linear_forward_to_bf16(uint16_t* y, ConstAct x, const float* w, const float* b, int N, int C, int OC,
+                                       float* room) {
+  if (matmul_ != Precision::Bf16 || !bf16_writes_bf16(bf16_gemm_path()))
+    return Kernels::linear_forward_to_bf16(y, x, w, b, N, C, OC, room);
+  const Bf16Input wi = t_kept.on ? kept_weight(w, OC, C, threads_).input() : Bf16Input{w, nullptr, C};  // w (OC,C)
+  bf16_gemm_to_bf16(false, true, N, OC, C, bf16_input(x, C), wi, y, OC, threads_, b);  // y (N,OC) written as bf16
+}
+
 void CpuKernels::linear_gelu_forward(Act dgelu, Act y, ConstAct x, const float* w, const float* b, int N, int C,
                                      int OC, float* room) {
   if (matmul_ == Precision::Bf16) {  // the bf16 product (where an fp32 output or room is), then gelu and gelu'
@@ -227,26 +235,49 @@ void CpuKernels::linear_backward_weight(float* dw, float* db, ConstAct dy, Const
   column_sums(db, dy.f32(), N, OC, accumulate, nullptr);
 }
 
-// sums(C) (+)= Σ_rows x(N,C), each column in row order (columns split across threads); rounded(N,C), where given, =
-// x rounded to bf16 in the same pass.
-void CpuKernels::column_sums(float* sums, const float* x, int N, int C, bool accumulate, uint16_t* rounded) {
-  for_chunks(size_t(C), size_t(threads_), threads_, [&](size_t, size_t c0, size_t c1) {
+namespace {
+
+// sums(C) (+)= Σ_rows x(N,C) ⊙ factor, each column in row order (columns split across threads); rounded(N,C), where
+// given, = the same values rounded to bf16 in the same pass. Factor: fp32 or bf16 values (N,C), or none (a null
+// `const float*`): x as it is.
+template <typename Factor>
+void sum_columns(int threads, float* sums, const float* x, const Factor* factor, int N, int C, bool accumulate,
+                 uint16_t* rounded) {
+  for_chunks(size_t(C), size_t(threads), threads, [&](size_t, size_t c0, size_t c1) {
     float* __restrict out = sums;
     if (!accumulate)
       for (size_t c = c0; c < c1; ++c) out[c] = 0.f;
     for (int r = 0; r < N; ++r) {
       const float* __restrict row = x + int64_t(r) * C;
-      for (size_t c = c0; c < c1; ++c) out[c] += row[c];
-      if (rounded) {
-        uint16_t* __restrict bits = rounded + int64_t(r) * C;
-        for (size_t c = c0; c < c1; ++c) bits[c] = bf16_bits(row[c]);
+      const Factor* __restrict f = factor ? factor + int64_t(r) * C : nullptr;
+      uint16_t* __restrict bits = rounded ? rounded + int64_t(r) * C : nullptr;
+      if (!f) {
+        for (size_t c = c0; c < c1; ++c) out[c] += row[c];
+        if (bits)
+          for (size_t c = c0; c < c1; ++c) bits[c] = bf16_bits(row[c]);
+      } else {
+        for (size_t c = c0; c < c1; ++c) {
+          const float v = row[c] * cpu::value(f, c);
+          out[c] += v;
+          bits[c] = bf16_bits(v);
+        }
       }
     }
   });
 }
 
+}  // namespace
+
+void CpuKernels::column_sums(float* sums, const float* x, int N, int C, bool accumulate, uint16_t* rounded) {
+  sum_columns(threads_, sums, x, static_cast<const float*>(nullptr), N, C, accumulate, rounded);
+}
+
 void CpuKernels::to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) {
   column_sums(sums, src, N, C, false, dst);
+}
+
+void CpuKernels::gelu_backward_to_bf16(uint16_t* dpre, float* sums, const float* dy, ConstAct dgelu, int N, int C) {
+  cpu::with_storage(dgelu, [&](const auto* d) { sum_columns(threads_, sums, dy, d, N, C, false, dpre); });
 }
 
 void CpuKernels::gelu_backward(float* dpre, const float* dy, ConstAct dgelu, size_t n) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "util/error.hpp"
+#include "util/precision.hpp"
 
 #if __has_include(<oneapi/dnnl/dnnl.h>)
 #include <oneapi/dnnl/dnnl.h>
@@ -68,9 +69,10 @@ void check(dnnl_status_t status, const char* what) {
 struct MatmulKey {
   bool trans_a, trans_b, accumulate, bias;
   int M, N, K, lda, ldb, ldc, threads;
+  bool bf16_out = false;  // C stored as bf16 (else fp32)
   bool operator==(const MatmulKey& o) const {
     return trans_a == o.trans_a && trans_b == o.trans_b && accumulate == o.accumulate && bias == o.bias &&
-           M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && threads == o.threads;
+           bf16_out == o.bf16_out && M == o.M && N == o.N && K == o.K && lda == o.lda && ldb == o.ldb && ldc == o.ldc && threads == o.threads;
   }
 };
 
@@ -105,7 +107,7 @@ Matmul make_matmul(const MatmulKey& k) {
   // op(A) (M,K) from A stored (M,K) or (K,M); op(B) (K,N) from B stored (K,N) or (N,K); C (M,N)
   const dnnl_memory_desc_t a = matrix_desc(k.trans_a ? k.K : k.M, k.trans_a ? k.M : k.K, k.lda, k.trans_a, dnnl_bf16);
   const dnnl_memory_desc_t b = matrix_desc(k.trans_b ? k.N : k.K, k.trans_b ? k.K : k.N, k.ldb, k.trans_b, dnnl_bf16);
-  const dnnl_memory_desc_t c = matrix_desc(k.M, k.N, k.ldc, false, dnnl_f32);
+  const dnnl_memory_desc_t c = matrix_desc(k.M, k.N, k.ldc, false, k.bf16_out ? dnnl_bf16 : dnnl_f32);
   const dnnl_memory_desc_t bias = matrix_desc(1, k.N, k.N, false, dnnl_f32);  // (1,N), broadcast over the rows
   dnnl_matmul_desc_t desc;
   check(d.dnnl_matmul_desc_init(&desc, &a, &b, k.bias ? &bias : nullptr, &c), "its descriptor");
@@ -148,6 +150,27 @@ bool onednn_matmul_available(std::string* why_not) {
   return missing.empty();
 }
 
+namespace {
+
+// One product through the primitive made for `key`, C's buffer as the key says (fp32 or bf16).
+void execute(const MatmulKey& key, const uint16_t* A, const uint16_t* B, void* C, const float* bias) {
+  const OneDnnApi& d = api();
+  PIPER_CHECK(d.missing.empty(), cat("oneDNN matmul asked for but ", d.missing));
+  const Matmul& m = matmul_for(key);
+  if (!t_matmuls.stream) check(d.dnnl_stream_create(&t_matmuls.stream, d.engine, dnnl_stream_default_flags), "a stream");
+  check(d.dnnl_memory_set_data_handle(m.a, const_cast<uint16_t*>(A)), "setting A");
+  check(d.dnnl_memory_set_data_handle(m.b, const_cast<uint16_t*>(B)), "setting B");
+  check(d.dnnl_memory_set_data_handle(m.c, C), "setting C");
+  if (bias) check(d.dnnl_memory_set_data_handle(m.bias, const_cast<float*>(bias)), "setting the bias");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b}, {DNNL_ARG_DST, m.c},
+                                  {DNNL_ARG_BIAS, m.bias}};
+  omp_set_num_threads(key.threads);
+  check(d.dnnl_primitive_execute(m.primitive, t_matmuls.stream, bias ? 4 : 3, args), "executing");
+  check(d.dnnl_stream_wait(t_matmuls.stream), "waiting for its stream");
+}
+
+}  // namespace
+
 void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
                    int ldb, float beta, float* C, int ldc, int threads, const float* bias) {
   if (M <= 0 || N <= 0) return;
@@ -160,21 +183,19 @@ void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16
       }
     return;
   }
-  const OneDnnApi& d = api();
-  PIPER_CHECK(d.missing.empty(), cat("oneDNN matmul asked for but ", d.missing));
-  const Matmul& m = matmul_for({trans_a, trans_b, beta != 0.f, bias != nullptr, M, N, K, lda, ldb, ldc, threads});
-  if (!t_matmuls.stream) check(d.dnnl_stream_create(&t_matmuls.stream, d.engine, dnnl_stream_default_flags), "a stream");
-  check(d.dnnl_memory_set_data_handle(m.a, const_cast<uint16_t*>(A)), "setting A");
-  check(d.dnnl_memory_set_data_handle(m.b, const_cast<uint16_t*>(B)), "setting B");
-  check(d.dnnl_memory_set_data_handle(m.c, C), "setting C");
-  if (bias) check(d.dnnl_memory_set_data_handle(m.bias, const_cast<float*>(bias)), "setting the bias");
-  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b}, {DNNL_ARG_DST, m.c},
-                                  {DNNL_ARG_BIAS, m.bias}};
-  omp_set_num_threads(threads);
-  check(d.dnnl_primitive_execute(m.primitive, t_matmuls.stream, bias ? 4 : 3, args), "executing");
-  check(d.dnnl_stream_wait(t_matmuls.stream), "waiting for its stream");
+  execute({trans_a, trans_b, beta != 0.f, bias != nullptr, M, N, K, lda, ldb, ldc, threads}, A, B, C, bias);
 }
 
+void onednn_matmul_to_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
+                           const uint16_t* B, int ldb, uint16_t* C, int ldc, int threads, const float* bias) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // an empty sum: C = the bias
+    for (int r = 0; r < M; ++r)
+      for (int c = 0; c < N; ++c) C[int64_t(r) * ldc + c] = bf16_bits(bias ? bias[c] : 0.f);
+    return;
+  }
+  execute({trans_a, trans_b, false, bias != nullptr, M, N, K, lda, ldb, ldc, threads, true}, A, B, C, bias);
+}
 #else  // built without oneDNN's headers: the gemm API alone (bf16_gemm.cpp)
 
 bool onednn_matmul_available(std::string* why_not) {
@@ -184,6 +205,10 @@ bool onednn_matmul_available(std::string* why_not) {
 
 void onednn_matmul(bool, bool, int, int, int, const uint16_t*, int, const uint16_t*, int, float, float*, int, int,
                    const float*) {
+  throw SystemError("oneDNN matmul: built without oneDNN's headers (Debian's libdnnl-dev)");
+}
+void onednn_matmul_to_bf16(bool, bool, int, int, int, const uint16_t*, int, const uint16_t*, int, uint16_t*, int, int,
+                           const float*) {
   throw SystemError("oneDNN matmul: built without oneDNN's headers (Debian's libdnnl-dev)");
 }
 

@@ -15,5 +15,9 @@ bool onednn_matmul_available(std::string* why_not = nullptr);
 // thread; primitives are kept per thread and shape.
 void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
                    int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
+// The same with beta 0 and C(M,N) written as bf16 bits: the fp32 sums (and bias) rounded to nearest, ties to even,
+// by the primitive as it stores them.
+void onednn_matmul_to_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
+                           const uint16_t* B, int ldb, uint16_t* C, int ldc, int threads, const float* bias = nullptr);
 
 }  // namespace piper

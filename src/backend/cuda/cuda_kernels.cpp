@@ -622,6 +622,16 @@ void CudaKernels::to_bf16_with_column_sums(uint16_t* dst, float* sums, const flo
   cuda::to_bf16(dst, src, size_t(N) * size_t(C), t.stream.stream());
 }
 
+void CudaKernels::gelu_backward_to_bf16(uint16_t* dpre, float* sums, const float* dy, ConstAct dgelu, int N, int C) {
+  Target t = target();
+  const size_t n = size_t(N) * size_t(C);
+  auto* products = static_cast<float*>(t.stream.workspace(sizeof(float) * (n + size_t(cuda::column_chunks(N)) * C)));
+  float* partial = products + n;  // (chunks,C)
+  cuda::gelu_backward(products, dy, dgelu, n, t.stream.stream());              // (N,C)
+  cuda::column_sums(sums, products, N, C, false, partial, t.stream.stream());  // sums(C) = Σ_rows products
+  cuda::to_bf16(dpre, products, n, t.stream.stream());
+}
+
 void CudaKernels::to_bf16(uint16_t* dst, const float* src, size_t n) {
   Target t = target();
   cuda::to_bf16(dst, src, n, t.stream.stream());

@@ -86,6 +86,7 @@ class CudaKernels final : public Kernels {
   void accumulate(float* y, const float* x, size_t n) override;
   void fill(float* y, float value, size_t n) override;
   void to_bf16_with_column_sums(uint16_t* dst, float* sums, const float* src, int N, int C) override;
+  void gelu_backward_to_bf16(uint16_t* dpre, float* sums, const float* dy, ConstAct dgelu, int N, int C) override;
   void to_bf16(uint16_t* dst, const float* src, size_t n) override;
   void from_bf16(float* dst, const uint16_t* src, size_t n) override;
   void copy(void* dst, const void* src, size_t bytes) override;

@@ -293,8 +293,7 @@ void mlp_backward_input(Kernels& k, const Segment&, const ModelDims& d, const Se
   ws.dout.settle_from(k, io.dout, s.n, s.C);
   float* dpre = fp32_room(ws.dfc_pre.dy, io.workspace);                                     // (n,F)
   k.linear_backward_input(dpre, ws.dout.read(io.dout), w[kMlpProjW], s.n, s.F, s.C, false);  // d gelu out
-  k.gelu_backward(dpre, dpre, st.fc_dgelu, size_t(s.n) * s.F);                              // d fc pre
-  ws.dfc_pre.settle_from(k, dpre, s.n, s.F);
+  ws.dfc_pre.settle_gelu_backward_from(k, dpre, st.fc_dgelu, s.n, s.F);                     // d fc pre
   k.linear_backward_input(ws.dln2, ws.dfc_pre.dy, w[kFcW], s.n, s.C, s.F, false);           // d ln2 out (n,C)
   if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);     // residual path
   k.layernorm_backward_input(io.din, ws.dln2, io.in, st.ln2_mean, st.ln2_rstd, w[kLn2W], s.n, s.C, io.shard == 0);

@@ -336,8 +336,8 @@ SegmentSizes mlp_sizes(const Segment& seg, const ModelDims& d, int samples) {
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = MlpWStash(nullptr, s).floats * f;
-  // fused backward: wstash + d(silu(g)·u); the forward's fp32 g and u (bf16) in the first 2 (n,F)
-  z.workspace_bytes = std::max(z.wstash_bytes + size_t(s.n) * s.F * f, 2 * size_t(s.n) * s.F * f);
+  // fused backward: wstash + d(silu(g)·u); the forward's fp32 g or u (bf16, where a backend computes them there) fits
+  z.workspace_bytes = z.wstash_bytes + size_t(s.n) * s.F * f;
   return z;
 }
 
@@ -353,14 +353,11 @@ void mlp_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO
   MlpStash st(StashParts::of(io), s);
   const float* const* w = io.w;
   k.rmsnorm_forward(st.h, st.rstd, io.in, w[kPostAttentionNorm], s.n, s.C, s.eps);  // (n,C)
-  // the projections in fp32 (bf16: in the workspace, SwiGLU from them, then rounded into the stash)
-  float* g = fp32_room(st.g, io.workspace);
-  float* u = fp32_room(st.u, io.workspace ? io.workspace + size_t(s.n) * s.F : nullptr);
-  k.linear_forward(g, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);                  // (n,F)
-  k.linear_forward(u, st.h, w[kUpProj], nullptr, s.n, s.C, s.F);                    // (n,F)
-  k.swiglu_forward(st.a, g, u, size_t(s.n) * s.F);                                  // (n,F)
-  settle(k, st.g, g, size_t(s.n) * s.F);
-  settle(k, st.u, u, size_t(s.n) * s.F);
+  // the projections at their stash's width (bf16: rounded as they are written), SwiGLU from what the stash holds,
+  // as mlp_rerun_tail computes it again
+  linear_into(k, st.g, io.workspace, st.h, w[kGateProj], nullptr, s.n, s.C, s.F);  // (n,F)
+  linear_into(k, st.u, io.workspace, st.h, w[kUpProj], nullptr, s.n, s.C, s.F);    // (n,F)
+  k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.F);                           // (n,F)
   k.linear_forward(io.out, st.a, w[kDownProj], nullptr, s.n, s.F, s.C);             // (n,C), partial
   if (io.shard == 0) k.accumulate(io.out, io.in, size_t(s.n) * s.C);                // residual
 }
