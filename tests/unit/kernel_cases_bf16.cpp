@@ -474,8 +474,8 @@ std::function<Tensors(std::mt19937&)> gpt2_attention_after_forward(int B, int T,
 }
 
 // GPT-2 attention (qkv(B,T,3C), P after its normalisation rounded, on both backends).
-void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
-  const int B = 2, T = 37, C = 96, NH = 3, hd = C / NH;
+void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases, int B, int T, int C, int NH) {
+  const int hd = C / NH;
   const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
   auto start = gpt2_attention_start(B, T, C, NH);
@@ -557,8 +557,7 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases) {
 // backward reads it so; each the same bits as the fp32-att call with att rounded after (forward) or before
 // (backward). CUDA against the CPU: y and dqkv as the fp32-att cases; att a bf16 step (2^-7) where the two fp32
 // softmaxes round to different neighbours.
-void bf16_gpt2_attention_bf16_att_cases(std::vector<KernelCase>& cases) {
-  const int B = 2, T = 37, C = 96, NH = 3;
+void bf16_gpt2_attention_bf16_att_cases(std::vector<KernelCase>& cases, int B, int T, int C, int NH) {
   const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
   const size_t n_qkv = size_t(B) * T * 3 * C, n_att = size_t(B) * NH * T * T;
   auto start = gpt2_attention_start(B, T, C, NH);
@@ -603,7 +602,9 @@ void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
   struct Shape {
     int B, T, H, KV, D;
   };
-  for (Shape s : {Shape{2, 37, 4, 2, 64}, Shape{2, 37, 4, 2, 16}, Shape{1, 130, 4, 2, 32}, Shape{1, 37, 2, 1, 8}}) {
+  // T = 128, D = 32: bf16 q, k, v on AMX tiles where the processor has them (two query blocks)
+  for (Shape s : {Shape{2, 37, 4, 2, 64}, Shape{2, 37, 4, 2, 16}, Shape{1, 130, 4, 2, 32}, Shape{1, 37, 2, 1, 8},
+                  Shape{1, 128, 4, 2, 32}}) {
     const std::string shape = dims({{"B", s.B}, {"T", s.T}, {"H", s.H}, {"KV", s.KV}, {"D", s.D}});
     const size_t nq = size_t(s.B) * s.T * s.H * s.D, nk = size_t(s.B) * s.T * s.KV * s.D;
     const size_t nl = size_t(s.B) * s.H * s.T;
@@ -747,8 +748,11 @@ void add_bf16_cases(std::vector<KernelCase>& cases) {
   bf16_linear_cases(cases);
   bf16_grouped_cases(cases);
   bf16_storage_cases(cases);
-  bf16_gpt2_attention_cases(cases);
-  bf16_gpt2_attention_bf16_att_cases(cases);
+  // T = 64, a head width of 32: bf16 qkv and att on AMX tiles where the processor has them
+  for (auto [B, T, C, NH] : {std::tuple{2, 37, 96, 3}, std::tuple{2, 64, 64, 2}}) {
+    bf16_gpt2_attention_cases(cases, B, T, C, NH);
+    bf16_gpt2_attention_bf16_att_cases(cases, B, T, C, NH);
+  }
   bf16_gqa_attention_cases(cases);
 }
 

@@ -2,13 +2,18 @@
 // operands compute the same sums of exact products, on every transpose, with a prior (beta) and without; weights
 // kept for the pieces of a pass give the same bits.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/cpu/amx_tiles.hpp"
 #include "backend/cpu/bf16_gemm.hpp"
 #include "util/precision.hpp"
 
@@ -141,6 +146,74 @@ TEST_CASE("bf16 gemm: oneDNN's matmul reads and writes inside wider rows, and a 
   CHECK(C == std::vector<float>(6, 3.f));  // an empty sum added
   bf16_gemm_parallel(false, false, 2, 3, 0, nullptr, 1, nullptr, 3, 0.f, C.data(), 3, 2, Bf16GemmPath::OneDnnMatmul);
   CHECK(C == std::vector<float>(6, 0.f));
+}
+
+TEST_CASE("AMX tile products: the sums of exact bf16 products, B from rows or transposed, causal ranges and blocks, "
+          "a block of rows added to C",
+          "[bf16]") {
+  std::string why;
+  if (!amx_tiles_available(&why)) {
+    WARN("no AMX tile products here: " << why);
+    return;
+  }
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  // odd tile counts (48 = 3 tiles) exercise the single-tile edges of the 2×2 blocks; a padded lda and ldc
+  for (auto [M, N, K] : {std::tuple{48, 80, 64}, std::tuple{128, 32, 128}, std::tuple{128, 128, 32}}) {
+    const int lda = K + 8, ldc = N + 4;
+    std::vector<uint16_t> A(size_t(M) * lda), B(size_t(K) * N), Bt(size_t(N) * K), Bv(size_t(K) * N), Bv2(Bv.size());
+    for (auto& x : A) x = bf16_bits(u(gen));
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < N; ++n) Bt[size_t(n) * K + k] = B[size_t(k) * N + n] = bf16_bits(u(gen));
+    vnni_from_rows(Bv.data(), B.data(), N, K, N);
+    vnni_from_transposed(Bv2.data(), Bt.data(), K, K, N);
+    CHECK(Bv == Bv2);  // both layouts of the same B
+    auto want = [&](int m, int n, int k0, int k1) {
+      double s = 0;
+      for (int k = k0; k < k1; ++k) s += double(bf16_value(A[size_t(m) * lda + k])) * bf16_value(B[size_t(k) * N + n]);
+      return s;
+    };
+    std::vector<float> C(size_t(M) * ldc, 7.f);
+    amx_product(M, N, K, A.data(), lda, Bv.data(), C.data(), ldc);
+    INFO(M << "x" << N << "x" << K);
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < ldc; ++c) {
+        if (c < N) CHECK(C[size_t(m) * ldc + c] == Approx(want(m, c, 0, K)).margin(1e-4));
+        else CHECK(C[size_t(m) * ldc + c] == 7.f);  // the padding is left as it was
+      }
+    if (M != K) continue;
+    // causal: A zero right of its diagonal sums only k ≤ its row's tile; B zero left of its diagonal only k ≥ n's tile
+    std::vector<uint16_t> lower = A, upper = B;
+    for (int m = 0; m < M; ++m)
+      for (int k = m + 1; k < K; ++k) lower[size_t(m) * lda + k] = 0;
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < std::min(k, N); ++n) upper[size_t(k) * N + n] = 0;
+    std::vector<float> full(size_t(M) * ldc), part(size_t(M) * ldc);
+    amx_product(M, N, K, lower.data(), lda, Bv.data(), full.data(), ldc);
+    amx_product(M, N, K, lower.data(), lda, Bv.data(), part.data(), ldc, {.sums = TileSums::UpToRow});
+    CHECK(part == full);
+    vnni_from_rows(Bv2.data(), upper.data(), N, K, N);
+    amx_product(M, N, K, A.data(), lda, Bv2.data(), full.data(), ldc);
+    amx_product(M, N, K, A.data(), lda, Bv2.data(), part.data(), ldc, {.sums = TileSums::FromColumn});
+    CHECK(part == full);
+    // the lower blocks only: every tile on or left of the diagonal as in the full product
+    std::fill(part.begin(), part.end(), 0.f);
+    amx_product(M, N, K, A.data(), lda, Bv.data(), full.data(), ldc);
+    amx_product(M, N, K, A.data(), lda, Bv.data(), part.data(), ldc, {.lower_tiles_only = true});
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N && n / 16 <= m / 16; ++n) CHECK(part[size_t(m) * ldc + n] == full[size_t(m) * ldc + n]);
+    // a block of rows of the causal matrix (row0), against the first 32 columns of a wider Bv (ldb), added to C
+    const int row0 = 32, rows = 32, cols = 32;
+    std::vector<float> block(size_t(rows) * ldc, 0.5f), prior = block;
+    amx_product(M, N, K, lower.data(), lda, Bv.data(), full.data(), ldc);
+    amx_product(rows, cols, K, lower.data() + size_t(row0) * lda, lda, Bv.data(), block.data(), ldc,
+                {.sums = TileSums::UpToRow, .lower_tiles_only = true, .row0 = row0, .ldb = N, .accumulate = true});
+    for (int r = 0; r < rows; ++r)
+      for (int n = 0; n < cols && n <= row0 + r; ++n)
+        CHECK(block[size_t(r) * ldc + n] == Approx(prior[size_t(r) * ldc + n] + full[size_t(row0 + r) * ldc + n])
+                                                .margin(1e-5));
+  }
+  CHECK_THROWS(amx_product(16, 16, 16, nullptr, 16, nullptr, nullptr, 16));  // K not in whole tiles
 }
 
 TEST_CASE("bf16 linear layers with kept weights: the same bits, and a weight changed after the scope is read again",

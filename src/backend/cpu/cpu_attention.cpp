@@ -1,5 +1,6 @@
 // CPU causal multi-head self-attention of GPT-2 (the probabilities kept for the backward, fp32 or bf16), in either
-// matmul precision: each (sequence, head) on one thread, its products through attention_product.hpp.
+// matmul precision: each (sequence, head) on one thread, its products through attention_product.hpp, or in bf16 on
+// AMX tiles (attention_tiles.hpp) where the operands fit them.
 #include <omp.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "backend/cpu/act_store.hpp"
 #include "backend/cpu/attention_product.hpp"
+#include "backend/cpu/attention_tiles.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/vec_math.hpp"
 #include "util/error.hpp"
@@ -23,6 +25,7 @@ void attention_forward_in(int threads, float* y, Act att, ConstAct qkv, int B, i
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t C3 = 3 * int64_t(C);
+  const bool tiles = kBf16 && attention_fits_tiles(qkv, att, T, hd);
   int nt = std::min(threads, B * NH);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
@@ -36,18 +39,14 @@ void attention_forward_in(int threads, float* y, Act att, ConstAct qkv, int B, i
       const ConstAct v = q.at(2 * C);
       const int64_t at = int64_t(bh) * T * T;
       float* S = att.bf16 ? tile.data() : att.f32() + at;  // (T,T)
+      if (tiles) {
+        attention_head_forward_tiles(y + int64_t(b) * T * C + h * hd, C, att.bits() + at, S, q.bits(), k.bits(),
+                                     v.bits(), int(C3), T, hd, scale);
+        continue;
+      }
       // bf16: the scale applied in the softmax's pass (the same float products, a pass over S fewer)
       attention_product<kBf16>(false, true, T, T, hd, kBf16 ? 1.f : scale, q, int(C3), k, int(C3), 0.f, S, T);
-      const float row_scale = kBf16 ? scale : 1.f;
-      for (int t = 0; t < T; ++t) {
-        float* __restrict row = S + int64_t(t) * T;
-        const float mx = row_scale * vec::lane_max(row, t + 1);  // scale > 0: the max of the scaled row
-        for (int j = 0; j <= t; ++j) row[j] = vec::exp_approx(row_scale * row[j] - mx);
-        const float sum = vec::lane_sum(t + 1, [&](int j) { return row[j]; });
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= t; ++j) row[j] *= inv;
-        for (int j = t + 1; j < T; ++j) row[j] = 0.f;
-      }
+      causal_softmax_rows(S, T, kBf16 ? scale : 1.f);
       ConstAct P(S);
       if (att.bf16) {
         cpu::store(att, size_t(at), size_t(T) * T, [&](size_t i) { return S[i]; });
@@ -68,6 +67,7 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
   const int hd = C / NH;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t C3 = 3 * int64_t(C);
+  const bool tiles = kBf16 && attention_fits_tiles(qkv, att, T, hd);
   int nt = std::min(threads, B * NH);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
@@ -86,6 +86,11 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
       float* dv = dq + 2 * C;
       const ConstAct P = att.at(int64_t(bh) * T * T);  // (T,T)
       const float* dY = dy + int64_t(b) * T * C + h * hd;
+      if (tiles) {
+        attention_head_backward_tiles(dq, dk, dv, dY, C, q.bits(), k.bits(), v.bits(), int(C3), P.bits(), dP, T, hd,
+                                      scale);
+        continue;
+      }
       ConstAct dYp(dY);  // (T,hd), leading dimension ldy
       int ldy = C;
       if constexpr (kBf16) {

@@ -1,5 +1,6 @@
 // CPU causal grouped-query attention, flash style: blocks of query rows against the keys they may see, so
-// only one (rows × T) score tile per thread exists at a time and the masked upper half is never multiplied.
+// only one (rows × T) score tile per thread exists at a time and the masked upper half is never multiplied; in bf16
+// on AMX tiles (gqa_attention_tiles.hpp) where the operands fit them.
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "backend/cpu/act_store.hpp"
 #include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
+#include "backend/cpu/gqa_attention_tiles.hpp"
 #include "backend/cpu/vec_math.hpp"
 #include "util/error.hpp"
 
@@ -28,6 +30,7 @@ void gqa_forward_in(int threads, float* y, float* lse, ConstAct q, ConstAct k, C
   const float scale = 1.0f / std::sqrt(float(D));
   const int qs = H * D, ks = KV * D;  // row strides of q, y and of k, v
   const int pairs = B * H;
+  const bool tiles = kBf16 && gqa_fits_tiles(q, k, v, T, D, kQueryBlock);
   const int nt = std::min(threads, pairs);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
@@ -40,6 +43,11 @@ void gqa_forward_in(int threads, float* y, float* lse, ConstAct q, ConstAct k, C
       const ConstAct vb = v.at(int64_t(b) * T * ks + int64_t(kvh) * D);  // (T,D), row stride KV·D
       float* yb = y + int64_t(b) * T * qs + int64_t(h) * D;          // (T,D), row stride H·D
       float* lb = lse + int64_t(bh) * T;                             // (T)
+      if (tiles) {
+        gqa_head_forward_tiles(yb, lb, qb.bits(), qs, kb.bits(), vb.bits(), ks, tile.data(), kQueryBlock, T, D,
+                               scale);
+        continue;
+      }
       for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
         const int i1 = std::min(T, i0 + kQueryBlock), rows = i1 - i0;
         float* S = tile.data();  // (rows, i1): query rows [i0,i1) against keys [0,i1)
@@ -74,6 +82,7 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
   const int qs = H * D, ks = KV * D;
   const size_t tile = size_t(kQueryBlock) * T;
   const int pairs = B * KV;
+  const bool tiles = kBf16 && gqa_fits_tiles(q, k, v, T, D, kQueryBlock);
   const int nt = std::min(threads, pairs);
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (int bk = 0; bk < pairs; ++bk) {
@@ -84,6 +93,13 @@ void gqa_backward_in(int threads, float* dq, float* dk, float* dv, const float* 
     const ConstAct vb = v.at(int64_t(b) * T * ks + int64_t(kvh) * D);
     float* dkb = dk + int64_t(b) * T * ks + int64_t(kvh) * D;
     float* dvb = dv + int64_t(b) * T * ks + int64_t(kvh) * D;
+    if (tiles) {
+      const int64_t first = int64_t(b) * T * qs + int64_t(kvh) * G * D;  // the group's first query head
+      const GqaGroup group{dq + first, dkb, dvb, dy + first, q.bits() + first, kb.bits(), vb.bits(), y.at(first),
+                           lse + (int64_t(b) * H + int64_t(kvh) * G) * T, G, qs, ks};
+      gqa_group_backward_tiles(group, P, dS, kQueryBlock, T, D, scale);
+      continue;
+    }
     for (int t = 0; t < T; ++t) {
       std::memset(dkb + int64_t(t) * ks, 0, sizeof(float) * size_t(D));
       std::memset(dvb + int64_t(t) * ks, 0, sizeof(float) * size_t(D));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/act_store.hpp"
+#include "backend/cpu/attention_tiles.hpp"
 #include "backend/cpu/bf16_gemm.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"
@@ -99,7 +100,9 @@ void sgemm_parallel(bool trans_a, bool trans_b, int M, int N, int K, float alpha
 
 CpuKernels::CpuKernels(int threads) : threads_(std::max(1, threads)) { openblas_set_num_threads(1); }
 
-std::string CpuKernels::bf16_matmul_path() const { return bf16_gemm_description(); }
+std::string CpuKernels::bf16_matmul_path() const {
+  return bf16_gemm_description() + (bf16_attention_on_tiles() ? ", attention on AMX tiles" : "");
+}
 
 namespace {
 
