@@ -20,8 +20,10 @@ their activation peak in bf16 at most 0.55 of fp32's, the compiler's estimate wi
 Compared: GPT-2 DP2, PP2 x DP2 under 1F1B and DualPipeV, DP2 ZeRO-3, PP2 under ZB-H1 (backward input and weight
 apart, each reading the bf16 stash) and TP2; Qwen3 DP2 and ZeRO-3; Qwen3-MoE EP2 x DP2. A bf16 checkpoint resumes
 bit for bit, and as an fp32 run (it holds the fp32 master weights). The start line and --report-json name the matmul path (oneDNN where the processor has bf16
-instructions; PIPER_BF16_GEMM=rounded forces sgemm of rounded operands, which trains alike), each metrics line
-says "precision": "bf16", and so does the dry run. job.precision = "fp16" is an error (exit 2)."""
+instructions; PIPER_BF16_GEMM=rounded forces sgemm of rounded operands, which trains alike), and whether attention
+runs on AMX tiles (where the processor has them: on GPT-2 and Qwen3 with sequences and heads of 64 and 32 it trains
+as oneDNN's gemm does, PIPER_BF16_ATTENTION=gemm; another value is an error, exit 2), each metrics line says
+"precision": "bf16", and so does the dry run. job.precision = "fp16" is an error (exit 2)."""
 import json
 import os
 import re
@@ -179,6 +181,35 @@ def main():
     if "OpenBLAS sgemm of bf16-rounded operands" not in p.stdout:
         fail(f"PIPER_BF16_GEMM=rounded: the start lines do not name the rounded path:\n{p.stdout}")
     compare("Qwen3 bf16 through sgemm of rounded operands", qref, rounded, 2e-3)
+
+    # Attention on AMX tiles (where the processor has them) trains as oneDNN's gemm does: shapes whose sequences and
+    # heads are whole multiples of 32, on both attention kernels.
+    amx = "amx_bf16" in open("/proc/cpuinfo").read()
+    for name, text in (("gpt", gpt.replace("seq_len = 16", "seq_len = 64").replace("d_model = 32", "d_model = 64")
+                        .replace("n_heads = 4", "n_heads = 2")),
+                       ("qwen3", bf16(tiny_qwen3()).replace("seq_len = 16", "seq_len = 64")
+                        .replace("head_dim = 8", "head_dim = 32"))):
+        on_tiles, p = train(d, f"{name}-tiles", text)
+        if amx != ("attention on AMX tiles" in p.stdout):
+            fail(f"{name}: the start line {'does not name' if amx else 'names'} attention on AMX tiles on a processor "
+                 f"{'with' if amx else 'without'} them:\n{p.stdout}")
+        by_gemm, p = train(d, f"{name}-gemm", text, env={"PIPER_BF16_ATTENTION": "gemm"})
+        if "attention on AMX tiles" in p.stdout:
+            fail(f"{name}: PIPER_BF16_ATTENTION=gemm still names the tiles:\n{p.stdout}")
+        compare(f"{name} bf16 attention on {'AMX tiles' if amx else 'oneDNN (no AMX here)'} against oneDNN's gemm",
+                by_gemm, on_tiles, RTOL_BF16)
+    cfg = write(d, "bad-attention.toml", gpt)
+    saved_env = dict(os.environ)
+    os.environ["PIPER_BF16_ATTENTION"] = "fast"
+    try:
+        p = run(1, cfg, check=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    if p.returncode != 2 or "PIPER_BF16_ATTENTION" not in p.stderr:
+        fail(f"PIPER_BF16_ATTENTION=fast: exit {p.returncode}, expected 2 with a message naming it\n{p.stderr}")
+    print("ok  PIPER_BF16_ATTENTION=fast is refused: " +
+          next(line for line in p.stderr.splitlines() if "PIPER_BF16_ATTENTION" in line))
 
     dry = subprocess.run([PIPER, "--config", write(d, "dry.toml", gpt), "--dry-run"], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=60)
