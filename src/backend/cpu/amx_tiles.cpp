@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "util/error.hpp"
+#include "util/precision.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
 #include <immintrin.h>
@@ -263,6 +264,22 @@ void store_transposed(float* dst, int ldd, const float* src, int rows, int cols,
 #endif
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) dst[int64_t(r) * ldd + c] = scale * src[int64_t(c) * rows + r];
+}
+
+void round_rows(uint16_t* dst, int ldd, const float* src, int lds, int rows, int cols) {
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict in = src + int64_t(r) * lds;
+    uint16_t* __restrict out = dst + int64_t(r) * ldd;
+    for (int c = 0; c < cols; ++c) out[c] = bf16_bits(in[c]);
+  }
+}
+
+void store_scaled(float* dst, int ldd, const float* src, int lds, int rows, int cols, float scale) {
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict in = src + int64_t(r) * lds;
+    float* __restrict out = dst + int64_t(r) * ldd;
+    for (int c = 0; c < cols; ++c) out[c] = in[c] * scale;
+  }
 }
 
 }  // namespace piper

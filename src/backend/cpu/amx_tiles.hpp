@@ -43,5 +43,9 @@ void vnni_from_transposed(uint16_t* Bv, const uint16_t* b, int ldb, int K, int N
 // ldd) = scale · src(cols,rows)ᵀ, fp32.
 void transpose_bits(uint16_t* dst, const uint16_t* src, int lds, int rows, int cols);
 void store_transposed(float* dst, int ldd, const float* src, int rows, int cols, float scale);
+// Rows as they are: dst(rows,cols) (leading dimension ldd) = src rounded to bf16 (util/precision.hpp's bits), and
+// dst = scale · src in fp32 (leading dimensions ldd and lds).
+void round_rows(uint16_t* dst, int ldd, const float* src, int lds, int rows, int cols);
+void store_scaled(float* dst, int ldd, const float* src, int lds, int rows, int cols, float scale);
 
 }  // namespace piper

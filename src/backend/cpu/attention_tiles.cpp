@@ -17,14 +17,14 @@ namespace {
 
 // This thread's packed operands, grown once and kept for later heads and calls.
 struct Scratch {
-  std::vector<uint16_t> b;        // a B operand in tile pairs (K,N)
-  std::vector<uint16_t> a;        // a transposed A operand (hd,T)
-  std::vector<uint16_t> dy;       // dY rounded (T,hd)
-  std::vector<uint16_t> dyt;      // dYᵀ rounded (hd,T)
-  std::vector<uint16_t> ds;       // dS rounded (T,T)
-  std::vector<uint16_t> ds_pairs; // dS as a B operand (T,T)
-  std::vector<uint16_t> p_pairs;  // P as a B operand (T,T)
-  std::vector<float> out;         // a product's (T,hd) or (hd,T) fp32 result
+  std::vector<uint16_t> b;         // a B operand in tile pairs (K,N)
+  std::vector<uint16_t> a;         // a transposed A operand (hd,T)
+  std::vector<uint16_t> dy;        // dY rounded (T,hd)
+  std::vector<uint16_t> dyt;       // dYᵀ rounded (hd,T)
+  std::vector<uint16_t> ds;        // dS rounded (T,T)
+  std::vector<uint16_t> ds_pairs;  // dS as a B operand (T,T)
+  std::vector<uint16_t> p_pairs;   // P as a B operand (T,T)
+  std::vector<float> out;          // a product's (T,hd) or (hd,T) fp32 result
   void fit(int T, int hd) {
     const size_t th = size_t(T) * hd, tt = size_t(T) * T;
     if (b.size() < tt) b.resize(tt);
@@ -74,12 +74,14 @@ void attention_head_forward_tiles(float* y, int ldy, uint16_t* P, float* S, cons
                                   const uint16_t* v, int ld, int T, int hd, float scale) {
   Scratch& s = t_scratch;
   s.fit(T, hd);
-  vnni_from_transposed(s.b.data(), k, ld, hd, T);                                            // kᵀ (hd,T)
-  amx_product(T, T, hd, q, ld, s.b.data(), S, T, {.lower_tiles_only = true});                      // S = q kᵀ, lower tiles
+  // S = q kᵀ on the lower tiles, its softmax, P rounded
+  vnni_from_transposed(s.b.data(), k, ld, hd, T);
+  amx_product(T, T, hd, q, ld, s.b.data(), S, T, {.lower_tiles_only = true});
   causal_softmax_rows(S, T, scale);
-  for (size_t i = 0; i < size_t(T) * T; ++i) P[i] = bf16_bits(S[i]);
-  vnni_from_rows(s.b.data(), v, ld, T, hd);                                                  // v (T,hd)
-  amx_product(T, hd, T, P, T, s.b.data(), y, ldy, {.sums = TileSums::UpToRow});                       // y = P v
+  round_rows(P, T, S, T, T, T);
+  // y = P v
+  vnni_from_rows(s.b.data(), v, ld, T, hd);
+  amx_product(T, hd, T, P, T, s.b.data(), y, ldy, {.sums = TileSums::UpToRow});
 }
 
 void attention_head_backward_tiles(float* dq, float* dk, float* dv, const float* dY, int ldy, const uint16_t* q,
@@ -88,14 +90,11 @@ void attention_head_backward_tiles(float* dq, float* dk, float* dv, const float*
   Scratch& s = t_scratch;
   s.fit(T, hd);
   vnni_from_rows(s.p_pairs.data(), P, T, T, T);  // P as a B operand first: one stream through it, then in cache
-  for (int t = 0; t < T; ++t) {  // dY rounded, as it is and transposed
-    const float* __restrict in = dY + int64_t(t) * ldy;
-    uint16_t* __restrict out = s.dy.data() + size_t(t) * hd;
-    for (int c = 0; c < hd; ++c) out[c] = bf16_bits(in[c]);
-  }
+  round_rows(s.dy.data(), hd, dY, ldy, T, hd);  // dY rounded, as it is and transposed
   transpose_bits(s.dyt.data(), s.dy.data(), hd, T, hd);
-  vnni_from_transposed(s.b.data(), v, ld, hd, T);                                  // vᵀ (hd,T)
-  amx_product(T, T, hd, s.dy.data(), hd, s.b.data(), dP, T, {.lower_tiles_only = true});  // dP = dY vᵀ, lower tiles
+  // dP = dY vᵀ on the lower tiles
+  vnni_from_transposed(s.b.data(), v, ld, hd, T);
+  amx_product(T, T, hd, s.dy.data(), hd, s.b.data(), dP, T, {.lower_tiles_only = true});
   // dS = P ⊙ (dP − Σ_j P dP) rounded, and as a B operand
   for (int t = 0; t < T; ++t) {
     const uint16_t* __restrict p = P + int64_t(t) * T;
@@ -113,11 +112,7 @@ void attention_head_backward_tiles(float* dq, float* dk, float* dv, const float*
   // dQ (T,hd) = dS k · scale
   vnni_from_rows(s.b.data(), k, ld, T, hd);
   amx_product(T, hd, T, s.ds.data(), T, s.b.data(), out, hd, {.sums = TileSums::UpToRow});
-  for (int t = 0; t < T; ++t) {
-    const float* __restrict in = out + size_t(t) * hd;
-    float* __restrict o = dq + int64_t(t) * ld;
-    for (int c = 0; c < hd; ++c) o[c] = in[c] * scale;
-  }
+  store_scaled(dq, ld, out, hd, T, hd, scale);
   // dKᵀ (hd,T) = qᵀ dS · scale
   transpose_bits(s.a.data(), q, ld, T, hd);
   amx_product(hd, T, T, s.a.data(), T, s.ds_pairs.data(), out, T, {.sums = TileSums::FromColumn});

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/act_store.hpp"
+#include "backend/cpu/amx_tiles.hpp"
 #include "backend/cpu/attention_product.hpp"
 #include "backend/cpu/attention_tiles.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
@@ -94,8 +95,7 @@ void attention_backward_in(int threads, float* dqkv, const float* dy, ConstAct q
       ConstAct dYp(dY);  // (T,hd), leading dimension ldy
       int ldy = C;
       if constexpr (kBf16) {
-        for (int t = 0; t < T; ++t)
-          for (int c = 0; c < hd; ++c) dy_tile[size_t(t) * hd + c] = bf16_bits(dY[int64_t(t) * C + c]);
+        round_rows(dy_tile.data(), hd, dY, C, T, hd);
         dYp = ConstAct(dy_tile.data(), true), ldy = hd;
       }
       // dP = dY · V^T; dV = P^T · dY

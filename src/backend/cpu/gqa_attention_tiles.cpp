@@ -98,11 +98,7 @@ void gqa_group_backward_tiles(const GqaGroup& g, float* P, float* dS, int block,
       const int i1 = std::min(T, i0 + block), rows = i1 - i0;
       const uint16_t* q_blk = g.q + off + int64_t(i0) * g.qs;  // (rows,D)
       const float* dy_blk = g.dy + off + int64_t(i0) * g.qs;   // (rows,D)
-      for (int r = 0; r < rows; ++r) {                         // dY rounded (rows,D), and transposed
-        const float* __restrict in = dy_blk + int64_t(r) * g.qs;
-        uint16_t* __restrict out = s.dy.data() + int64_t(r) * D;
-        for (int c = 0; c < D; ++c) out[c] = bf16_bits(in[c]);
-      }
+      round_rows(s.dy.data(), D, dy_blk, g.qs, rows, D);  // dY rounded (rows,D), and transposed
       transpose_bits(s.dyt.data(), s.dy.data(), D, rows, D);
       // P = exp(scale · q_blk kᵀ − lse) and dP = dY vᵀ on the lower tiles
       amx_product(rows, i1, D, q_blk, g.qs, s.k_t.data(), P, i1, {.lower_tiles_only = true, .row0 = i0, .ldb = T});
@@ -125,12 +121,7 @@ void gqa_group_backward_tiles(const GqaGroup& g, float* P, float* dS, int block,
       // dQ_blk (rows,D) = scale · dS k[0:i1]
       amx_product(rows, D, i1, s.ds.data(), i1, s.k_rows.data(), s.out.data(), D,
                   {.sums = TileSums::UpToRow, .row0 = i0});
-      float* dq_blk = g.dq + off + int64_t(i0) * g.qs;
-      for (int r = 0; r < rows; ++r) {
-        const float* __restrict in = s.out.data() + int64_t(r) * D;
-        float* __restrict o = dq_blk + int64_t(r) * g.qs;
-        for (int c = 0; c < D; ++c) o[c] = in[c] * scale;
-      }
+      store_scaled(g.dq + off + int64_t(i0) * g.qs, g.qs, s.out.data(), D, rows, D, scale);
       // dkᵀ[:, 0:i1] += q_blkᵀ dS; dvᵀ[:, 0:i1] += dY_blkᵀ P
       transpose_bits(s.qt.data(), q_blk, g.qs, rows, D);
       vnni_from_rows(s.pairs.data(), s.ds.data(), i1, rows, i1);
