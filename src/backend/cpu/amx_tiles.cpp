@@ -7,9 +7,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
+#include "backend/cpu/cpu_flags.hpp"
 #include "util/error.hpp"
 #include "util/precision.hpp"
 
@@ -24,18 +23,6 @@ namespace piper {
 
 namespace {
 
-bool cpu_lists(const std::string& a, const std::string& b) {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    bool has_a = false, has_b = false;
-    for (std::string w; words >> w;) has_a |= w == a, has_b |= w == b;
-    return has_a && has_b;
-  }
-  return false;
-}
-
 struct Availability {
   bool ok = false;
   std::string why_not;
@@ -46,7 +33,7 @@ const Availability& availability() {
     Availability r;
     if (!PIPER_AMX_BUILD) {
       r.why_not = "this build cannot emit AMX instructions";
-    } else if (!cpu_lists("amx_tile", "amx_bf16")) {
+    } else if (!cpu_flags().count("amx_tile") || !cpu_flags().count("amx_bf16")) {
       r.why_not = "the processor has no AMX bf16 tiles";
     } else {
       constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: ask for an extended state component

@@ -8,10 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
+#include "backend/cpu/cpu_flags.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/onednn_matmul.hpp"
@@ -28,16 +27,10 @@ using OneDnnBf16Gemm = int (*)(char, char, int64_t, int64_t, int64_t, float, con
 
 // The processor's bf16 matmul instructions among /proc/cpuinfo's flags, space-separated ("" when none).
 std::string cpu_bf16_flags() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::string out;
-    for (std::string w; words >> w;)
-      if (w == "avx512_bf16" || w == "amx_bf16") out += (out.empty() ? "" : " ") + w;
-    return out;
-  }
-  return "";
+  std::string out;
+  for (const char* w : {"avx512_bf16", "amx_bf16"})
+    if (cpu_flags().count(w)) out += (out.empty() ? "" : " ") + std::string(w);
+  return out;
 }
 
 struct Bf16Choice {
@@ -119,6 +112,22 @@ const float* as_rounded(const Bf16Input& in, int rows, int cols, std::vector<flo
   return packed_copy(scratch, in.values, rows, cols, in.ld, threads, [](float x) { return round_bf16(x); });
 }
 
+// op(A) (M,K) and op(B) (K,N) as oneDNN takes them: bf16 bits with their leading dimensions, their own or rounded
+// into this thread's scratch (grown once, shared by every oneDNN product of the thread).
+struct OneDnnOperands {
+  const uint16_t *a, *b;
+  int lda, ldb;
+};
+OneDnnOperands onednn_operands(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input& A,
+                               const Bf16Input& B, int threads) {
+  static thread_local std::vector<uint16_t> a16, b16;
+  OneDnnOperands o{};
+  // op(A) is M×K: stored (M,K), or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
+  o.a = as_bits(A, trans_a ? K : M, trans_a ? M : K, a16, threads, o.lda);
+  o.b = as_bits(B, trans_b ? N : K, trans_b ? K : N, b16, threads, o.ldb);
+  return o;
+}
+
 // oneDNN's gemm of packed bf16 operands on the rank's threads.
 void onednn_gemm(const Bf16Choice& c, bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* a, int lda,
                  const uint16_t* b, int ldb, float beta, float* C, int ldc, int threads) {
@@ -158,22 +167,20 @@ void bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const Bf16Input&
                float* C, int ldc, int threads, Bf16GemmPath path, const float* bias) {
   if (M <= 0 || N <= 0) return;
   PIPER_CHECK(!bias || bf16_adds_bias(path), "bf16 gemm: a bias on a path that does not add one");
+  if (path == Bf16GemmPath::OneDnn || path == Bf16GemmPath::OneDnnMatmul) {
+    const Bf16Choice& c = choice();
+    if (!c.onednn) throw SystemError("bf16 gemm: oneDNN asked for but libdnnl.so.2 did not load");
+    const OneDnnOperands o = onednn_operands(trans_a, trans_b, M, N, K, A, B, threads);
+    if (path == Bf16GemmPath::OneDnnMatmul)
+      onednn_matmul(trans_a, trans_b, M, N, K, o.a, o.lda, o.b, o.ldb, beta, C, ldc, threads, bias);
+    else
+      onednn_gemm(c, trans_a, trans_b, M, N, K, o.a, o.lda, o.b, o.ldb, beta, C, ldc, threads);
+    return;
+  }
   // op(A) is M×K: stored (M,K), or (K,M) transposed; op(B) is K×N: stored (K,N), or (N,K) transposed.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   int lda = 0, ldb = 0;
-  if (path == Bf16GemmPath::OneDnn || path == Bf16GemmPath::OneDnnMatmul) {
-    const Bf16Choice& c = choice();
-    if (!c.onednn) throw SystemError("bf16 gemm: oneDNN asked for but libdnnl.so.2 did not load");
-    static thread_local std::vector<uint16_t> a16, b16;  // grown once, reused by every later call
-    const uint16_t* a = as_bits(A, a_rows, a_cols, a16, threads, lda);
-    const uint16_t* b = as_bits(B, b_rows, b_cols, b16, threads, ldb);
-    if (path == Bf16GemmPath::OneDnnMatmul)
-      onednn_matmul(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads, bias);
-    else
-      onednn_gemm(c, trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, threads);
-    return;
-  }
   static thread_local std::vector<float> a32, b32;
   const float* a = as_rounded(A, a_rows, a_cols, a32, threads, lda);
   const float* b = as_rounded(B, b_rows, b_cols, b32, threads, ldb);
@@ -184,13 +191,8 @@ void bf16_gemm_to_bf16(bool trans_a, bool trans_b, int M, int N, int K, const Bf
                        uint16_t* C, int ldc, int threads, const float* bias) {
   if (M <= 0 || N <= 0) return;
   PIPER_CHECK(choice().matmul, "bf16 gemm: a bf16 output without oneDNN's matmul primitive");
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  int lda = 0, ldb = 0;
-  static thread_local std::vector<uint16_t> a16, b16;  // grown once, reused by every later call
-  const uint16_t* a = as_bits(A, a_rows, a_cols, a16, threads, lda);
-  const uint16_t* b = as_bits(B, b_rows, b_cols, b16, threads, ldb);
-  onednn_matmul_to_bf16(trans_a, trans_b, M, N, K, a, lda, b, ldb, C, ldc, threads, bias);
+  const OneDnnOperands o = onednn_operands(trans_a, trans_b, M, N, K, A, B, threads);
+  onednn_matmul_to_bf16(trans_a, trans_b, M, N, K, o.a, o.lda, o.b, o.ldb, C, ldc, threads, bias);
 }
 
 void bf16_prepare(Bf16Operand& out, const float* src, int rows, int cols, int ld, int threads) {
