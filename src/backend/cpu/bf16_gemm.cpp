@@ -40,11 +40,20 @@ struct Bf16Choice {
   std::string description;
 };
 
+// Whether oneDNN's bf16 gemm runs on this processor: 1 · 1 = 1 (without AVX-512 it reports unimplemented).
+bool onednn_runs_bf16(OneDnnBf16Gemm gemm) {
+  const uint16_t one = 0x3f80;  // 1.0 in bf16
+  float c = 0.f;
+  return gemm('N', 'N', 1, 1, 1, 1.f, &one, 1, &one, 1, 0.f, &c, 1) == 0 && c == 1.f;
+}
+
 const Bf16Choice& choice() {
   static const Bf16Choice c = [] {
     Bf16Choice r;
     if (void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL))
       r.onednn = reinterpret_cast<OneDnnBf16Gemm>(dlsym(h, "dnnl_gemm_bf16bf16f32"));
+    const bool loaded = r.onednn != nullptr;  // whether or not its bf16 gemm runs here
+    if (r.onednn && !onednn_runs_bf16(r.onednn)) r.onednn = nullptr;
     const std::string flags = cpu_bf16_flags();
     const char* env = std::getenv("PIPER_BF16_GEMM");
     const std::string asked = env ? env : "";
@@ -53,7 +62,9 @@ const Bf16Choice& choice() {
                           "unset: by the processor)"));
     const bool asked_onednn = asked == "onednn" || asked == "onednn-gemm";
     if (asked_onednn && !r.onednn)
-      throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\" but libdnnl.so.2 (Debian's libdnnl2) does not load here"));
+      throw UserError(cat("PIPER_BF16_GEMM = \"", asked, "\" but ",
+                          loaded ? "oneDNN's bf16 gemm does not run on this processor (it needs AVX-512)"
+                                 : "libdnnl.so.2 (Debian's libdnnl2) does not load here"));
     std::string no_matmul;
     r.matmul = r.onednn && onednn_matmul_available(&no_matmul);
     const bool use = asked_onednn || (asked.empty() && r.onednn && !flags.empty());
@@ -68,7 +79,8 @@ const Bf16Choice& choice() {
                           ")");
     else
       r.description = cat("OpenBLAS sgemm of bf16-rounded operands (processor: ", cpu,
-                          r.onednn ? "" : "; oneDNN not found", asked.empty() ? "" : "; PIPER_BF16_GEMM", ")");
+                          r.onednn ? "" : loaded ? "; oneDNN's bf16 gemm does not run here" : "; oneDNN not found",
+                          asked.empty() ? "" : "; PIPER_BF16_GEMM", ")");
     return r;
   }();
   return c;

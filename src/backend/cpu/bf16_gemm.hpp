@@ -24,7 +24,8 @@ Bf16GemmPath bf16_gemm_path_on_one_thread();
 // The path in words, with the processor's bf16 instructions: printed at start and in the metrics header.
 std::string bf16_gemm_description();
 
-// Whether oneDNN's bf16 gemm loaded (whatever the processor), and whether its matmul primitive can be called too.
+// Whether oneDNN's bf16 gemm loaded and runs on this processor (not without AVX-512), and whether its matmul
+// primitive can be called too.
 bool bf16_onednn_loaded();
 bool bf16_onednn_matmul_loaded();
 
