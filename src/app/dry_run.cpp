@@ -116,6 +116,7 @@ struct DryRunFacts {
   struct {
     std::string segment;  // "": no segment with counted rows
     size_t rows = 0;
+    size_t row_bytes = 0;  // one row as held and exchanged: 4 · d_model, or 2 · d_model in a bf16 run
     bool capacity = false;  // bounded by the experts' capacity (else the dropless worst case)
     int shards = 1;
   } routed;
@@ -147,8 +148,8 @@ void print_summary(const JobSpec& spec, const CompileResult& result, const DryRu
                 result.model.segments[size_t(r.seg_begin)].name.c_str(),
                 result.model.segments[size_t(r.seg_end - 1)].name.c_str());
   if (!facts.routed.segment.empty())
-    std::printf("routed rows: %s holds up to %zu rows per microbatch (%s%s)\n", facts.routed.segment.c_str(),
-                facts.routed.rows,
+    std::printf("routed rows: %s holds up to %zu rows per microbatch, %zu bytes each (%s%s)\n",
+                facts.routed.segment.c_str(), facts.routed.rows, facts.routed.row_bytes,
                 facts.routed.capacity ? "the capacity of every expert" : "the worst case, dropless",
                 facts.routed.shards > 1 ? cat(", from the ", facts.routed.shards, " ranks of its expert group").c_str() : "");
   std::printf("graph: %zu nodes\n", g.live_nodes());
@@ -213,6 +214,7 @@ void summary_json(JsonWriter& w, const JobSpec& spec, const CompileResult& resul
     w.null();
   } else {
     w.begin_object().key("segment").value(facts.routed.segment).key("rows_per_microbatch").value(facts.routed.rows);
+    w.key("bytes_per_row").value(facts.routed.row_bytes);
     w.key("bound").value(facts.routed.capacity ? "capacity" : "dropless").key("ranks").value(facts.routed.shards);
     w.end_object();
   }
@@ -302,7 +304,8 @@ int dry_run(const CliOptions& opts, int world_size) {
     const SegmentSizes z = segment_sizes(seg, result.model.dims, result.graph.samples_per_microbatch);
     if (z.ragged_parts == 0 || z.ragged_width == 0) continue;
     facts.routed.segment = seg.name;
-    facts.routed.rows = (z.input_bytes - size_t(z.ragged_parts) * 4) / (sizeof(float) * size_t(z.ragged_width));
+    facts.routed.row_bytes = sizeof(float) * size_t(z.ragged_width);  // the width is in 4-byte words
+    facts.routed.rows = (z.input_bytes - size_t(z.ragged_parts) * 4) / facts.routed.row_bytes;
     facts.routed.capacity = spec.model.moe_capacity_factor > 0;
     facts.routed.shards = seg.shards;
     break;  // every MoE layer has the same bound

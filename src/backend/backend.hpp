@@ -58,7 +58,7 @@ class Communicator {
   // The same on bf16 values.
   virtual std::unique_ptr<CommHandle> all_gather_bf16(const uint16_t* src, uint16_t* dst, size_t count,
                                                       StreamContext* s) = 0;
-  // Counted rows, exchanged: src and dst start with `parts` int32 counts, then the rows (width floats each)
+  // Counted rows, exchanged: src and dst start with `parts` int32 counts, then the rows (width 4-byte words each)
   // of part 0, part 1, ... Part p of src goes to group rank p / (parts / size()). dst receives, from each
   // group rank in order, its parts / size() counts meant for this rank, then the rows in the same order.
   // Counts travel first; dst must hold the largest possible result. `received` (host memory, parts int32, may

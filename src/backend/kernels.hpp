@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "util/error.hpp"
 #include "util/precision.hpp"
 
 namespace piper {
@@ -28,6 +29,9 @@ struct Act {
   Act(void* data, bool is_bf16) : p(data), bf16(is_bf16) {}
   float* f32() const { return static_cast<float*>(p); }
   uint16_t* bits() const { return static_cast<uint16_t*>(p); }
+  Act at(int64_t elements) const {  // the activation from element `elements` on, at its width
+    return {static_cast<char*>(p) + elements * (bf16 ? 2 : 4), bf16};
+  }
 };
 struct ConstAct {
   const void* p = nullptr;
@@ -44,13 +48,19 @@ struct ConstAct {
 
 // One product of a grouped linear call (Kernels::linear_*_grouped): the operands of the matching linear_* call,
 // without bias. forward: out = y(N,OC), a = x(N,C), b = w(OC,C). backward_input: out = dx(N,C), a = dy(N,OC),
-// b = w(OC,C). backward_weight: out = dw(OC,C), a = dy(N,OC), b = x(N,C).
+// b = w(OC,C). backward_weight: out = dw(OC,C), a = dy(N,OC), b = x(N,C). The activations among them (a; b of
+// backward_weight) may be bf16 where the matching call takes one; weights are fp32.
 struct LinearGroup {
   float* out = nullptr;
-  const float* a = nullptr;
-  const float* b = nullptr;
+  ConstAct a = ConstAct(nullptr, false);
+  ConstAct b = ConstAct(nullptr, false);
   int N = 0, C = 0, OC = 0;
   bool accumulate = false;  // backward calls: add into out; forward always writes out
+  // b as the weight of a forward or backward_input product (fp32)
+  const float* weight() const {
+    PIPER_CHECK(!b.bf16, "a grouped linear product with a bf16 weight");
+    return b.f32();
+  }
 };
 
 class Kernels {
@@ -108,13 +118,13 @@ class Kernels {
   virtual void linear_forward_grouped(const LinearGroup* groups, int count) {
     for (int i = 0; i < count; ++i) {
       const LinearGroup& g = groups[i];
-      linear_forward(g.out, g.a, g.b, nullptr, g.N, g.C, g.OC);
+      linear_forward(g.out, g.a, g.weight(), nullptr, g.N, g.C, g.OC);
     }
   }
   virtual void linear_backward_input_grouped(const LinearGroup* groups, int count) {
     for (int i = 0; i < count; ++i) {
       const LinearGroup& g = groups[i];
-      linear_backward_input(g.out, g.a, g.b, g.N, g.C, g.OC, g.accumulate);
+      linear_backward_input(g.out, g.a, g.weight(), g.N, g.C, g.OC, g.accumulate);
     }
   }
   virtual void linear_backward_weight_grouped(const LinearGroup* groups, int count) {
@@ -260,13 +270,16 @@ class Kernels {
   // ---- mixture of experts: token rows to and from the experts ----
   // dst(m,C) = scale[i] · src[rows[i]] for i < m; scale may be null (1). rows(m) int32, device memory; a row
   // index of -1 writes a row of zeros (the unused end of a routing's worst-case rows).
-  virtual void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) = 0;
+  // dst may be a bf16 activation: each value (scaled) rounded as it is stored.
+  virtual void gather_rows(Act dst, const float* src, const int32_t* rows, const float* scale, int m, int C) = 0;
   // dst(n,C) (+)= Σ_k w[t,k] · src[pos[t,k]] over the k < K with pos[t,k] >= 0, in k order; w may be null (1).
   // pos(n,K) int32 and w(n,K) are device memory; a row with no valid pos is 0 (or unchanged when accumulating).
-  virtual void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+  // src may be a bf16 activation (widened).
+  virtual void combine_rows(float* dst, ConstAct src, const int32_t* pos, const float* w, int n, int K, int C,
                             bool accumulate) = 0;
-  // out(n,K): out[t,k] = Σ_c a[t,c] · b[pos[t,k],c], 0 where pos[t,k] < 0. a(n,C), b(m,C).
-  virtual void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) = 0;
+  // out(n,K): out[t,k] = Σ_c a[t,c] · b[pos[t,k],c], 0 where pos[t,k] < 0. a(n,C), b(m,C); b may be a bf16
+  // activation (widened).
+  virtual void rows_dot(float* out, const float* a, ConstAct b, const int32_t* pos, int n, int K, int C) = 0;
 
   // ---- mixture of experts: routing, all on the device (n tokens in sequences of T, E experts, top K) ----
   // probs(n,E) = softmax(logits) (probs may alias logits); selected(n,K): the K experts of largest probs + bias,

@@ -249,15 +249,15 @@ void ProfilingKernels::sum_squares(double* acc, const float* x, size_t n) {
 void ProfilingKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) {
   timed("adamw", [&] { k_.adamw(param, grad, m, v, n, args); });
 }
-void ProfilingKernels::gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m,
+void ProfilingKernels::gather_rows(Act dst, const float* src, const int32_t* rows, const float* scale, int m,
                                    int C) {
   timed("gather_rows", [&] { k_.gather_rows(dst, src, rows, scale, m, C); });
 }
-void ProfilingKernels::combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K,
+void ProfilingKernels::combine_rows(float* dst, ConstAct src, const int32_t* pos, const float* w, int n, int K,
                                     int C, bool accumulate) {
   timed("combine_rows", [&] { k_.combine_rows(dst, src, pos, w, n, K, C, accumulate); });
 }
-void ProfilingKernels::rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) {
+void ProfilingKernels::rows_dot(float* out, const float* a, ConstAct b, const int32_t* pos, int n, int K, int C) {
   timed("rows_dot", [&] { k_.rows_dot(out, a, b, pos, n, K, C); });
 }
 

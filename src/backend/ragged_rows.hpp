@@ -1,6 +1,7 @@
 // Ragged rows, the one format of rows routed to parts (a mixture of experts' token rows): `parts` int32 counts, then
-// the rows (width floats each) of part 0, part 1, ... Segments write and read it, Communicator::all_to_all_rows
-// exchanges it (part p goes to group rank p / (parts / ranks)), and rows_layout says where its rows travel.
+// the rows (width 4-byte words each: a row of floats, or of bf16 values two to a word) of part 0, part 1, ...
+// Segments write and read it, Communicator::all_to_all_rows exchanges it as words, never reading them (part p goes
+// to group rank p / (parts / ranks)), and rows_layout says where its rows travel.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +12,7 @@ namespace piper {
 // A view of ragged rows at `p`: the count header, then the rows.
 struct RaggedRows {
   int32_t* counts;  // (parts)
-  float* rows;      // (Σ counts, width)
+  float* rows;      // (Σ counts, width) words
   RaggedRows(const void* p, int parts)
       : counts(static_cast<int32_t*>(const_cast<void*>(p))), rows(reinterpret_cast<float*>(counts + parts)) {}
   // Bytes of a buffer of `parts` counts and `rows` rows.
@@ -25,7 +26,7 @@ struct RaggedRows {
 };
 
 struct RowsLayout {
-  std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;  // floats, per group rank
+  std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;  // words, per group rank
   int64_t send_total() const { return send_displs.back() + send_counts.back(); }
   int64_t recv_total() const { return recv_displs.back() + recv_counts.back(); }
 };

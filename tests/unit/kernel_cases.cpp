@@ -76,6 +76,7 @@ const std::vector<KernelCase>& kernel_cases() {
     add_elementwise_cases(c);
     add_bf16_cases(c);
     add_bf16_activation_cases(c);
+    add_bf16_moe_cases(c);
     return c;
   }();
   return cases;

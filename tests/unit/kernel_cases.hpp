@@ -21,6 +21,7 @@ void add_tensor_parallel_cases(std::vector<KernelCase>& cases);  // vocabulary-p
 void add_elementwise_cases(std::vector<KernelCase>& cases);  // add, fill, copy, sum of squares, AdamW
 void add_bf16_cases(std::vector<KernelCase>& cases);         // a bf16 run's matmuls: linear calls, grouped
 void add_bf16_activation_cases(std::vector<KernelCase>& cases);  // kernels that write or read bf16 activations
+void add_bf16_moe_cases(std::vector<KernelCase>& cases);  // routed rows in bf16: row kernels, grouped products
 
 // The call in bf16 matmul precision, the kernels left in fp32 after it (kernel_cases_bf16.cpp).
 std::function<void(Kernels&, Buffers&)> in_bf16(std::function<void(Kernels&, Buffers&)> call);
@@ -29,11 +30,23 @@ ConstAct as_bf16(Kernels& k, Buffers& b, const std::string& in, size_t n);
 // The fp32 tensor `name` (n values) rounded to bf16 in place: to bf16 and back (kernel_cases_bf16.cpp).
 void round_in_place(Kernels& k, Buffers& b, const std::string& name, size_t n);
 std::vector<float> rounded(std::vector<float> v);  // each value rounded to bf16
+// `call` writes a bf16 activation of n values (in scratch), which is then widened into the fp32 tensor `out`
+// (kernel_cases_bf16_activations.cpp).
+std::function<void(Kernels&, Buffers&)> into_bf16(const std::string& out, size_t n,
+                                                  std::function<void(Kernels&, Buffers&, Act)> call);
+// The twin of a call that writes `outs` (name, values) in bf16: the fp32 call, then each rounded in place.
+Twin fp32_then_rounded(std::vector<std::pair<std::string, size_t>> outs,
+                       std::function<void(Kernels&, Buffers&)> fp32_call);
 // a(n,in) · b (out,in)ᵀ, or with b_transposed b (in,out), in double: (n,out)
 std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int n, int in, int out,
                             bool b_transposed);
 // y(N,OC) = x(N,C) · w(OC,C)ᵀ + b(OC) of the tensors x, w, b, as given or (bf16) with x and w rounded, in double.
 std::vector<double> linear_forward_ref(const Tensors& t, int N, int C, int OC, bool bf16);
+
+// The double references of combine_rows and rows_dot (kernel_cases_moe.cpp) with the expert rows e given: from the
+// tensors pos, w, combined (the prior) and x, into combined and dots with their ".scale" bounds.
+void combine_rows_reference(Tensors& t, const std::vector<float>& e, int n, int K, int C, bool weighted, bool acc);
+void rows_dot_reference(Tensors& t, const std::vector<float>& e, int n, int K, int C);
 
 // "N=70 C=96"
 std::string dims(std::initializer_list<std::pair<const char*, long>> d);

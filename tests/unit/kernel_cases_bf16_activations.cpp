@@ -10,18 +10,6 @@
 
 namespace piper::test {
 
-namespace {
-
-// Against a reference rounded to bf16: a kernel's fp32 value near a tie may round to the other neighbour, one bf16
-// step (2^-7 of the value at most) away.
-constexpr double kBf16Step = 8e-3;
-
-HostTensor rounded_f32(const std::vector<double>& v) {
-  std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = round_bf16(float(v[i]));
-  return f32(r);
-}
-
 // `call` writes a bf16 activation of n values (in scratch), which is then widened into the fp32 tensor `out`.
 std::function<void(Kernels&, Buffers&)> into_bf16(const std::string& out, size_t n,
                                                   std::function<void(Kernels&, Buffers&, Act)> call) {
@@ -43,6 +31,18 @@ Twin fp32_then_rounded(std::vector<std::pair<std::string, size_t>> outs,
                 for (const auto& [out, n] : outs) round_in_place(k, b, out, n);
               },
           .rtol = 0};
+}
+
+namespace {
+
+// Against a reference rounded to bf16: a kernel's fp32 value near a tie may round to the other neighbour, one bf16
+// step (2^-7 of the value at most) away.
+constexpr double kBf16Step = 8e-3;
+
+HostTensor rounded_f32(const std::vector<double>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = round_bf16(float(v[i]));
+  return f32(r);
 }
 
 void norm_cases(std::vector<KernelCase>& cases) {

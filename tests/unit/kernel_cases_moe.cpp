@@ -8,6 +8,48 @@
 
 namespace piper::test {
 
+// combined(n,C) (+)= Σ_k w[i,k] · e[pos[i,k]] in double, from the tensors pos, w and combined (the prior) and the
+// expert rows e given; with "combined.scale", the sum of the terms' magnitudes.
+void combine_rows_reference(Tensors& t, const std::vector<float>& e, int n, int K, int C, bool weighted, bool acc) {
+  const size_t nc = size_t(n) * C;
+  std::vector<double> out(nc, 0.0), mag(nc, 0.0);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < C; ++c) {
+      const size_t o = size_t(i) * C + c;
+      if (acc) out[o] = t["combined"].f[o], mag[o] = std::fabs(out[o]);
+      for (int k = 0; k < K; ++k) {
+        const int p = t["pos"].i[size_t(i) * K + k];
+        if (p < 0) continue;
+        const double term = (weighted ? t["w"].f[size_t(i) * K + k] : 1.0) * e[size_t(p) * C + c];
+        out[o] += term;
+        mag[o] += std::fabs(term);
+      }
+    }
+  t["combined"] = as_f32(out);
+  t["combined.scale"] = f64(mag);
+}
+
+// dots(n,K) = x[i] · e[pos[i,k]] in double (0 where dropped), from the tensors x and pos and the expert rows e
+// given; "dots.scale": |dot| + 1e-6 of the sum of the terms' magnitudes.
+void rows_dot_reference(Tensors& t, const std::vector<float>& e, int n, int K, int C) {
+  const size_t nk = size_t(n) * K;
+  std::vector<double> dots(nk, 0.0), scale(nk, 0.0);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < K; ++k) {
+      const int p = t["pos"].i[size_t(i) * K + k];
+      double sum = 0, mag = 0;
+      for (int c = 0; p >= 0 && c < C; ++c) {
+        const double term = double(t["x"].f[size_t(i) * C + c]) * e[size_t(p) * C + c];
+        sum += term;
+        mag += std::fabs(term);
+      }
+      dots[size_t(i) * K + k] = sum;
+      scale[size_t(i) * K + k] = std::fabs(sum) + 1e-6 * mag;
+    }
+  t["dots"] = as_f32(dots);
+  t["dots.scale"] = f64(scale);
+}
+
 namespace {
 
 // experts of different row counts (one empty, one of a single row), as a mixture of experts' gate/up (C → DE) and
@@ -55,10 +97,10 @@ std::vector<LinearGroup> groups_of(Buffers& b, GroupedCall kind) {
 void one_by_one(Kernels& k, const std::vector<LinearGroup>& groups, GroupedCall kind) {
   for (const LinearGroup& g : groups) switch (kind) {
       case GroupedCall::Forward:
-        k.linear_forward(g.out, g.a, g.b, nullptr, g.N, g.C, g.OC);
+        k.linear_forward(g.out, g.a, g.weight(), nullptr, g.N, g.C, g.OC);
         break;
       case GroupedCall::BackwardInput:
-        k.linear_backward_input(g.out, g.a, g.b, g.N, g.C, g.OC, g.accumulate);
+        k.linear_backward_input(g.out, g.a, g.weight(), g.N, g.C, g.OC, g.accumulate);
         break;
       default:
         k.linear_backward_weight(g.out, nullptr, g.a, g.b, g.N, g.C, g.OC, g.accumulate);
@@ -312,25 +354,7 @@ void row_cases(std::vector<KernelCase>& cases) {
                                           s.K, s.C, acc);
                          },
                      .outs = {{"combined", 1e-6, 1e-6}},  // of the sum of the terms' magnitudes: float sums of ≤ 8
-                     .reference =
-                         [=](Tensors& t) {
-                           std::vector<double> out(nc, 0.0), mag(nc, 0.0);
-                           for (int i = 0; i < s.n; ++i)
-                             for (int c = 0; c < s.C; ++c) {
-                               const size_t o = size_t(i) * s.C + c;
-                               if (acc) out[o] = t["combined"].f[o], mag[o] = std::fabs(out[o]);
-                               for (int k = 0; k < s.K; ++k) {
-                                 const int p = t["pos"].i[size_t(i) * s.K + k];
-                                 if (p < 0) continue;
-                                 const double term =
-                                     (weighted ? t["w"].f[size_t(i) * s.K + k] : 1.0) * t["e"].f[size_t(p) * s.C + c];
-                                 out[o] += term;
-                                 mag[o] += std::fabs(term);
-                               }
-                             }
-                           t["combined"] = as_f32(out);
-                           t["combined.scale"] = f64(mag);
-                         },
+                     .reference = [=](Tensors& t) { combine_rows_reference(t, t["e"].f, s.n, s.K, s.C, weighted, acc); },
                      .gradients = {},
                      .threads_rtol = 0,
                      .cuda_repeatable = true,
@@ -351,24 +375,7 @@ void row_cases(std::vector<KernelCase>& cases) {
          .call = [=](Kernels& k,
                      Buffers& b) { k.rows_dot(b.f("dots"), b.f("x"), b.f("e"), b.i("pos"), s.n, s.K, s.C); },
          .outs = {{"dots", 1e-5, 1.2e-7}},  // one float rounding of the result, plus the double rounding of the terms
-         .reference =
-             [=](Tensors& t) {
-               std::vector<double> dots(nk, 0.0), scale(nk, 0.0);
-               for (int i = 0; i < s.n; ++i)
-                 for (int k = 0; k < s.K; ++k) {
-                   const int p = t["pos"].i[size_t(i) * s.K + k];
-                   double sum = 0, mag = 0;
-                   for (int c = 0; p >= 0 && c < s.C; ++c) {
-                     const double term = double(t["x"].f[size_t(i) * s.C + c]) * t["e"].f[size_t(p) * s.C + c];
-                     sum += term;
-                     mag += std::fabs(term);
-                   }
-                   dots[size_t(i) * s.K + k] = sum;
-                   scale[size_t(i) * s.K + k] = std::fabs(sum) + 1e-6 * mag;
-                 }
-               t["dots"] = as_f32(dots);
-               t["dots.scale"] = f64(scale);
-             },
+         .reference = [=](Tensors& t) { rows_dot_reference(t, t["e"].f, s.n, s.K, s.C); },
          .cuda_repeatable = true,
          .property =
              [=](const Tensors& st, const Tensors& out) {  // exactly 0 where dropped

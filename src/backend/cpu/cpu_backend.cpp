@@ -75,9 +75,9 @@ class RowsExchange final : public CommHandle {
     const RowsLayout l = rows_layout(src_, dst_, parts, size_, width_);
     PIPER_CHECK(mpi_counts(l.send_counts, send_counts_) && mpi_counts(l.send_displs, send_displs_) &&
                     mpi_counts(l.recv_counts, recv_counts_) && mpi_counts(l.recv_displs, recv_displs_),
-                "all_to_all_rows: more than 2^31 floats for one rank");
-    MPI_CHECK(MPI_Ialltoallv(src_rows, send_counts_.data(), send_displs_.data(), MPI_FLOAT, dst_rows,
-                             recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, rows_comm_, &req_));
+                "all_to_all_rows: more than 2^31 words for one rank");
+    MPI_CHECK(MPI_Ialltoallv(src_rows, send_counts_.data(), send_displs_.data(), MPI_UINT32_T, dst_rows,
+                             recv_counts_.data(), recv_displs_.data(), MPI_UINT32_T, rows_comm_, &req_));
   }
   MPI_Comm comm_, rows_comm_;
   int size_, q_, width_;

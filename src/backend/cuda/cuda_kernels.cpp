@@ -183,11 +183,12 @@ void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, C
 }
 
 // One row-major product C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a grouped gemm; K = 0 is C = beta · C,
-// which only beta = 0 (C = 0, contiguous) or 1 (nothing) may ask for.
+// which only beta = 0 (C = 0, contiguous) or 1 (nothing) may ask for. A and B may be bf16 activations in bf16
+// matmul precision.
 struct GemmProblem {
   bool trans_a, trans_b;
   int M, N, K;
-  const float *A, *B;
+  ConstAct A, B;
   int lda, ldb;
   float* C;
   int ldc;
@@ -217,8 +218,9 @@ void gemm_grouped(CudaStream& stream, const std::vector<GemmProblem>& problems) 
   std::vector<void*> pointers(3 * count);  // (3,n): A, B, C; cuBLAS's view swaps A and B
   for (int j = 0; j < n; ++j) {
     const GemmProblem& p = problems[size_t(order[size_t(j)])];
-    pointers[size_t(j)] = const_cast<float*>(p.B);
-    pointers[size_t(n + j)] = const_cast<float*>(p.A);
+    PIPER_CHECK(!p.A.bf16 && !p.B.bf16, "a bf16 activation in an fp32 grouped matmul");
+    pointers[size_t(j)] = const_cast<float*>(p.B.f32());
+    pointers[size_t(n + j)] = const_cast<float*>(p.A.f32());
     pointers[size_t(2 * n + j)] = p.C;
   }
   // The copy from pageable memory is staged before it returns, so `pointers` may go out of scope.
@@ -659,18 +661,18 @@ void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, siz
   cuda::adamw(param, grad, m, v, n, args, t.stream.stream());
 }
 
-void CudaKernels::gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) {
+void CudaKernels::gather_rows(Act dst, const float* src, const int32_t* rows, const float* scale, int m, int C) {
   Target t = target();
   cuda::gather_rows(dst, src, rows, scale, m, C, t.stream.stream());
 }
 
-void CudaKernels::combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+void CudaKernels::combine_rows(float* dst, ConstAct src, const int32_t* pos, const float* w, int n, int K, int C,
                                bool accumulate) {
   Target t = target();
   cuda::combine_rows(dst, src, pos, w, n, K, C, accumulate, t.stream.stream());
 }
 
-void CudaKernels::rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) {
+void CudaKernels::rows_dot(float* out, const float* a, ConstAct b, const int32_t* pos, int n, int K, int C) {
   Target t = target();
   cuda::rows_dot(out, a, b, pos, n, K, C, t.stream.stream());
 }

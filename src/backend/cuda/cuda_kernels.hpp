@@ -92,10 +92,10 @@ class CudaKernels final : public Kernels {
   void copy(void* dst, const void* src, size_t bytes) override;
   void sum_squares(double* acc, const float* x, size_t n) override;
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args) override;
-  void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C) override;
-  void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
+  void gather_rows(Act dst, const float* src, const int32_t* rows, const float* scale, int m, int C) override;
+  void combine_rows(float* dst, ConstAct src, const int32_t* pos, const float* w, int n, int K, int C,
                     bool accumulate) override;
-  void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C) override;
+  void rows_dot(float* out, const float* a, ConstAct b, const int32_t* pos, int n, int K, int C) override;
   void moe_route(float* probs, int32_t* selected, float* weight, const float* logits, const float* bias, int n, int E,
                  int K, bool norm_topk) override;
   void moe_assign(int32_t* position, int32_t* counts, int32_t* token, float* token_weight, float* fraction,

@@ -129,15 +129,16 @@ void sum_squares(double* acc, const float* x, size_t n, double* partial, cudaStr
 void adamw(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& args, cudaStream_t s);
 
 // ---- moe_rows_kernels.cu ----
-// dst(m,C) = scale[i] · src[rows[i]] (scale may be null; rows[i] < 0: zeros); one block per output row
-void gather_rows(float* dst, const float* src, const int32_t* rows, const float* scale, int m, int C,
-                 cudaStream_t s);
-// dst(n,C) (+)= Σ_k w[t,k] · src[pos[t,k]] over pos >= 0, k in order, one fma per term (w may be null); one block
-// per token row
-void combine_rows(float* dst, const float* src, const int32_t* pos, const float* w, int n, int K, int C,
-                  bool accumulate, cudaStream_t s);
-// out(n,K) = a[t] · b[pos[t,k]] (0 where pos < 0); one warp per (t,k), double sums in a fixed order
-void rows_dot(float* out, const float* a, const float* b, const int32_t* pos, int n, int K, int C, cudaStream_t s);
+// dst(m,C) = scale[i] · src[rows[i]] (scale may be null; rows[i] < 0: zeros), at dst's width; one block per
+// output row
+void gather_rows(Act dst, const float* src, const int32_t* rows, const float* scale, int m, int C, cudaStream_t s);
+// dst(n,C) (+)= Σ_k w[t,k] · src[pos[t,k]] over pos >= 0, k in order, one fma per term (w may be null; src fp32 or
+// bf16, widened); one block per token row
+void combine_rows(float* dst, ConstAct src, const int32_t* pos, const float* w, int n, int K, int C, bool accumulate,
+                  cudaStream_t s);
+// out(n,K) = a[t] · b[pos[t,k]] (0 where pos < 0; b fp32 or bf16, widened); one warp per (t,k), double sums in a
+// fixed order
+void rows_dot(float* out, const float* a, ConstAct b, const int32_t* pos, int n, int K, int C, cudaStream_t s);
 
 // ---- vocab_xent_kernels.cu ----
 // As Kernels::vocab_xent_stats: one block per row

@@ -5,6 +5,7 @@
 #include "backend/cuda/host_staged_communicator.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -124,14 +125,14 @@ class HostStagedCommunicator final : public Communicator {
     std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
     PIPER_CHECK(mpi_counts(l.send_counts, send_counts) && mpi_counts(l.send_displs, send_displs) &&
                     mpi_counts(l.recv_counts, recv_counts) && mpi_counts(l.recv_displs, recv_displs),
-                "all_to_all_rows: more than 2^31 floats for one rank");
-    const size_t send_total = size_t(l.send_total()), recv_total = size_t(l.recv_total());
-    std::vector<float> rows_in(send_total), rows_out(recv_total);
-    to_host(rows_in.data(), RaggedRows(src, parts).rows, send_total * sizeof(float), st);
-    MPI_CHECK(MPI_Alltoallv(rows_in.data(), send_counts.data(), send_displs.data(), MPI_FLOAT, rows_out.data(),
-                            recv_counts.data(), recv_displs.data(), MPI_FLOAT, comm_));
+                "all_to_all_rows: more than 2^31 words for one rank");
+    const size_t send_total = size_t(l.send_total()), recv_total = size_t(l.recv_total());  // 4-byte words
+    std::vector<uint32_t> rows_in(send_total), rows_out(recv_total);
+    to_host(rows_in.data(), RaggedRows(src, parts).rows, send_total * sizeof(uint32_t), st);
+    MPI_CHECK(MPI_Alltoallv(rows_in.data(), send_counts.data(), send_displs.data(), MPI_UINT32_T, rows_out.data(),
+                            recv_counts.data(), recv_displs.data(), MPI_UINT32_T, comm_));
     to_device(dst, got.data(), got.size() * sizeof(int32_t), st);
-    to_device(RaggedRows(dst, parts).rows, rows_out.data(), recv_total * sizeof(float), st);
+    to_device(RaggedRows(dst, parts).rows, rows_out.data(), recv_total * sizeof(uint32_t), st);
     return std::make_unique<DoneHandle>();
   }
 

@@ -260,10 +260,10 @@ class NcclCommunicator final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       const size_t s = size_t(r);
       if (l.send_counts[s])
-        NCCL_CHECK(ncclSend(src_rows + l.send_displs[s], size_t(l.send_counts[s]), ncclFloat, r, group_->comm,
+        NCCL_CHECK(ncclSend(src_rows + l.send_displs[s], size_t(l.send_counts[s]), ncclUint32, r, group_->comm,
                             group_->stream));
       if (l.recv_counts[s])
-        NCCL_CHECK(ncclRecv(dst_rows + l.recv_displs[s], size_t(l.recv_counts[s]), ncclFloat, r, group_->comm,
+        NCCL_CHECK(ncclRecv(dst_rows + l.recv_displs[s], size_t(l.recv_counts[s]), ncclUint32, r, group_->comm,
                             group_->stream));
     }
     NCCL_CHECK(ncclGroupEnd());

@@ -1,7 +1,8 @@
 // Qwen3 mixture-of-experts MLP half of a layer, x + Σ_k w_k · expert_k(norm x), as three segments so that
 // an exchange can sit between them: dispatch (norm, router, routing kernels, the routed rows in expert order),
 // experts (each expert's SwiGLU on its rows) and combine (weights and residual). Routing runs on the device; the
-// experts learn their row counts from SegmentIO::counts, which the plan brings to the host.
+// experts learn their row counts from SegmentIO::counts, which the plan brings to the host. In a bf16 run the routed
+// rows, both ways (inputs and outputs of the experts, and their gradients), are bf16: half the bytes exchanged.
 // Shapes: n = b·T tokens, C d_model, E experts, K top_k, DE d_expert, A = worst-case kept assignments.
 #include <algorithm>
 #include <cmath>
@@ -24,14 +25,22 @@ struct MoeShape {
   int capacity;  // kept assignments per sequence and expert: ⌈factor · T · K / E⌉, or T · K when dropless
   bool norm_topk;
   float eps;
+  // The routed rows as bf16 (a bf16 run's, C even): the experts' inputs and the gradients of their outputs are read
+  // by matmuls alone, which round them anyway; their outputs and the gradients of their inputs are rounded.
+  bool bf16_rows;
+  int row_words;  // 4-byte words of a routed row, the exchange's unit (backend/ragged_rows.hpp): C, or C/2 in bf16
   MoeShape(const ModelDims& d, int samples)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), E(d.moe_experts), K(d.moe_top_k),
-        DE(d.moe_d_expert), S(moe_shared_width(d)), norm_topk(d.moe_norm_topk_prob), eps(float(d.norm_eps)) {
+        DE(d.moe_d_expert), S(moe_shared_width(d)), norm_topk(d.moe_norm_topk_prob), eps(float(d.norm_eps)),
+        bf16_rows(d.bf16_matmul_inputs && d.d_model % 2 == 0), row_words(bf16_rows ? C / 2 : C) {
     const double factor = d.moe_capacity_factor;
     capacity = factor <= 0 ? T * K : int(std::ceil(factor * double(T) * double(K) / double(E)));
     // worst case: every assignment kept (dropless), or every expert full in every sequence
     A = std::min(n * K, b * E * capacity);
   }
+  // Routed rows at `rows` (a RaggedRows view's) at their width.
+  Act routed(float* rows) const { return Act(rows, bf16_rows); }
+  ConstAct routed(const float* rows) const { return ConstAct(rows, bf16_rows); }
 };
 
 // The dispatch stash, shared with the combine (its link): forward → backward state of the routing, the
@@ -92,7 +101,7 @@ SegmentSizes dispatch_sizes(const Segment& seg, const ModelDims& d, int samples)
   MoeShape s(d, samples / std::max(1, seg.shards));
   SegmentSizes z;
   z.input_bytes = size_t(samples) * s.T * s.C * f;  // the whole microbatch (n,C)
-  z.out_bytes = RaggedRows::bytes(s.E, s.A, s.C);  // counts per expert, then the rows in expert order
+  z.out_bytes = RaggedRows::bytes(s.E, s.A, s.row_words);  // counts per expert, then the rows in expert order
   z.stash_bytes = DispatchStash(nullptr, s).bytes;
   z.wstash_bytes = DispatchWStash(nullptr, s).bytes;
   z.workspace_bytes = z.wstash_bytes;
@@ -116,7 +125,7 @@ void dispatch_forward(Kernels& k, const Segment& seg, const ModelDims& d, const 
     k.moe_balance_loss(io.balance_loss, st.fraction, st.probs, s.n, s.T, s.E, balance_scale(d, io, s));
   RaggedRows out(io.out, s.E);
   k.copy(out.counts, st.counts, size_t(s.E) * i32);
-  k.gather_rows(out.rows, st.h, st.token, nullptr, s.A, s.C);  // (A,C), expert-ordered, zeros after the kept
+  k.gather_rows(s.routed(out.rows), st.h, st.token, nullptr, s.A, s.C);  // (A,C), expert-ordered, zeros after the kept
 }
 
 void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -125,7 +134,7 @@ void dispatch_backward_input(Kernels& k, const Segment&, const ModelDims& d, con
   DispatchStash st(io.stash, s);
   DispatchWStash ws(io.wstash, s);
   RaggedRows dx(io.dout, s.E);  // d expert inputs, expert-ordered
-  k.combine_rows(ws.dh, dx.rows, st.position, nullptr, s.n, s.K, s.C, false);  // d normed input from experts
+  k.combine_rows(ws.dh, s.routed(dx.rows), st.position, nullptr, s.n, s.K, s.C, false);  // d normed input from experts
   if (s.S > 0) k.accumulate(ws.dh, st.dshared, size_t(s.n) * s.C);             // + from the shared experts
   // router: d combine weights (from the combine) and the balance loss → d logits
   k.moe_router_backward(ws.dlogits, st.probs, st.selected, st.weight, st.fraction, st.dweight, s.n, s.T, s.E, s.K,
@@ -212,16 +221,28 @@ enum { kGate, kUp, kDown };
 SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) {
   ExpertsShape s(d, samples, std::max(1, seg.shards));
   SegmentSizes z;
-  z.input_bytes = z.out_bytes = RaggedRows::bytes(s.parts, s.rows, s.C);
+  z.input_bytes = z.out_bytes = RaggedRows::bytes(s.parts, s.rows, s.row_words);
   const SwigluStash st(StashParts{}, s.rows, s.DE);
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
   z.wstash_bytes = SwigluWStash(nullptr, s.rows, s.DE).bytes;
-  z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f;  // + d(silu(g)·u)
+  // + d(silu(g)·u); with bf16 rows also the fp32 sums before their rounding: outputs (forward), d inputs (backward)
+  z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f + (s.bf16_rows ? size_t(s.rows) * s.C * f : 0);
   z.ragged_parts = s.parts;
-  z.ragged_width = s.C;
+  z.ragged_width = s.row_words;
   return z;
 }
+
+// Routed rows (rows,C) of fp32 sums: the ragged buffer's rows themselves, or with bf16 rows the workspace after
+// `skip` floats, rounded into them once complete (finish).
+struct RowSums {
+  float* sums;
+  RowSums(float* rows, float* workspace, size_t skip, const ExpertsShape& s)
+      : sums(s.bf16_rows ? workspace + skip : rows) {}
+  void finish(Kernels& k, float* rows, int count, const ExpertsShape& s) const {
+    if (s.bf16_rows) k.to_bf16(reinterpret_cast<uint16_t*>(rows), sums, size_t(count) * s.C);
+  }
+};
 
 // Every expert's matmuls of one kind go to the backend as one grouped call (parts are independent products);
 // SwiGLU and its backward run once over all rows, which the parts fill contiguously from row 0.
@@ -229,21 +250,23 @@ void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   ExpertsShape s(d, io.samples, io.shards);
   SwigluStash st(StashParts::of(io), s.rows, s.DE);
   RaggedRows in(io.in, s.parts), out(io.out, s.parts);
+  const RowSums y(out.rows, io.workspace, 0, s);  // the outputs (rows,C)
   k.copy(out.counts, in.counts, size_t(s.parts) * i32);
   std::vector<LinearGroup> gate_up, down;
   int rows = 0;
   for (const Part& p : parts_of(s, io)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
-    const float* x = in.rows + xo;  // (count,C)
+    const ConstAct x = s.routed(in.rows).at(xo);  // (count,C)
     gate_up.push_back({st.g + fo, x, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});  // (count,DE)
     gate_up.push_back({st.u + fo, x, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, false});    // (count,DE)
-    down.push_back({out.rows + xo, st.a + fo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
+    down.push_back({y.sums + xo, st.a + fo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
     rows = p.first + p.count;
   }
   k.linear_forward_grouped(gate_up.data(), int(gate_up.size()));
   k.swiglu_forward(st.a, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
   k.linear_forward_grouped(down.data(), int(down.size()));  // (count,C) per part
+  y.finish(k, out.rows, rows, s);
 }
 
 // silu(g)·u over the rows received, from the kept projections: what selective recompute redoes.
@@ -261,21 +284,24 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   SwigluWStash ws(io.wstash, s.rows, s.DE);
   float* da = io.workspace;  // (rows,DE)
   RaggedRows dy(io.dout, s.parts), dx(io.din, s.parts);
+  const RowSums dx_sums(dx.rows, io.workspace, size_t(s.rows) * s.DE, s);  // d inputs (rows,C), after da
   k.copy(dx.counts, dy.counts, size_t(s.parts) * i32);
   std::vector<LinearGroup> down, gate, up;
   int rows = 0;
   for (const Part& p : parts_of(s, io)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
-    down.push_back({da + fo, dy.rows + xo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
-    gate.push_back({dx.rows + xo, ws.dg + fo, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});
-    up.push_back({dx.rows + xo, ws.du + fo, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true});
+    float* dxp = dx_sums.sums + xo;  // (count,C)
+    down.push_back({da + fo, s.routed(dy.rows).at(xo), expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
+    gate.push_back({dxp, ws.dg + fo, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});
+    up.push_back({dxp, ws.du + fo, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true});
     rows = p.first + p.count;
   }
   k.linear_backward_input_grouped(down.data(), int(down.size()));         // da (count,DE) per part
   k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
   gate.insert(gate.end(), up.begin(), up.end());  // each part's dx: the gate's product, then the up's added
   k.linear_backward_input_grouped(gate.data(), int(gate.size()));         // dx (count,C) per part
+  dx_sums.finish(k, dx.rows, rows, s);
 }
 
 void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -290,9 +316,10 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
     const int i = 3 * p.expert;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     const bool add = written[size_t(p.expert)] || io.accumulate(i);
-    products.push_back({io.g[i + kDown], dy.rows + xo, st.a + fo, p.count, s.DE, s.C, add});   // (C,DE)
-    products.push_back({io.g[i + kGate], ws.dg + fo, in.rows + xo, p.count, s.C, s.DE, add});  // (DE,C)
-    products.push_back({io.g[i + kUp], ws.du + fo, in.rows + xo, p.count, s.C, s.DE, add});    // (DE,C)
+    const ConstAct x = s.routed(in.rows).at(xo), dyp = s.routed(dy.rows).at(xo);  // (count,C) each
+    products.push_back({io.g[i + kDown], dyp, st.a + fo, p.count, s.DE, s.C, add});   // (C,DE)
+    products.push_back({io.g[i + kGate], ws.dg + fo, x, p.count, s.C, s.DE, add});   // (DE,C)
+    products.push_back({io.g[i + kUp], ws.du + fo, x, p.count, s.C, s.DE, add});     // (DE,C)
     written[size_t(p.expert)] = true;
   }
   k.linear_backward_weight_grouped(products.data(), int(products.size()));
@@ -310,7 +337,7 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
 SegmentSizes combine_sizes(const Segment& seg, const ModelDims& d, int samples) {
   MoeShape s(d, samples / std::max(1, seg.shards));
   SegmentSizes z;
-  z.input_bytes = RaggedRows::bytes(s.E, s.A, s.C);  // the experts' outputs back in the dispatch's order
+  z.input_bytes = RaggedRows::bytes(s.E, s.A, s.row_words);  // the experts' outputs back in the dispatch's order
   z.out_bytes = size_t(samples) * s.T * s.C * f;      // the whole microbatch (n,C)
   if (s.S > 0) {
     z.stash_bytes = SwigluStash(nullptr, s.n, s.S).bytes;
@@ -337,7 +364,7 @@ void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   } else {
     k.copy(out, link.x, size_t(s.n) * s.C * f);  // residual
   }
-  k.combine_rows(out, y.rows, link.position, link.weight, s.n, s.K, s.C, true);  // + Σ_k w_k · y
+  k.combine_rows(out, s.routed(y.rows), link.position, link.weight, s.n, s.K, s.C, true);  // + Σ_k w_k · y
 }
 
 void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
@@ -347,8 +374,8 @@ void combine_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   DispatchStash link(io.link, s);
   RaggedRows y(io.in, s.E), dy(io.din, s.E);
   k.copy(dy.counts, link.counts, size_t(s.E) * i32);                                // the dispatch's counts
-  k.gather_rows(dy.rows, dout, link.token, link.token_weight, s.A, s.C);  // w · dout (A,C), zeros after the kept
-  k.rows_dot(link.dweight, dout, y.rows, link.position, s.n, s.K, s.C);                   // d weights (n,K)
+  k.gather_rows(s.routed(dy.rows), dout, link.token, link.token_weight, s.A, s.C);  // w · dout (A,C), 0 after the kept
+  k.rows_dot(link.dweight, dout, s.routed(y.rows), link.position, s.n, s.K, s.C);      // d weights (n,K)
   k.copy(link.dresidual, dout, size_t(s.n) * s.C * f);                                    // residual
   if (s.S > 0) {  // shared experts: d h into the dispatch's stash, d g and d u for the weights
     SwigluStash st(io.stash, s.n, s.S);
