@@ -87,9 +87,11 @@ def instruction_ceiling(build, threads):
     if not os.path.exists(exe):
         return "fma_peak not built"
     text = subprocess.run([exe, "--threads", str(threads)], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"fp32_gflops=(\S+) bf16_gflops=(\S+) ratio=(\S+) amx_gflops=(\S+) amx_ratio=(\S+)", text)
+    m = re.search(r"fp32_gflops=(\S+) bf16_gflops=(\S+) ratio=(\S+) amx_gflops=(\S+) amx_ratio=(\S+)(.*)", text)
     if not m:
         return text
+    if m.group(1) == "none":  # not measured here: fma_peak says why
+        return f"not measured {m.group(6).strip()}"
     return (f"fp32 FMA {m.group(1)} GFLOP/s, bf16 dot {m.group(2)} GFLOP/s (/ fp32 {m.group(3)}), "
             f"AMX bf16 tiles {m.group(4)} GFLOP/s (/ fp32 {m.group(5)})")
 

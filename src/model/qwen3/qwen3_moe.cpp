@@ -236,11 +236,12 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
 // Routed rows (rows,C) of fp32 sums: the ragged buffer's rows themselves, or with bf16 rows the workspace after
 // `skip` floats, rounded into them once complete (finish).
 struct RowSums {
-  float* sums;
-  RowSums(float* rows, float* workspace, size_t skip, const ExpertsShape& s)
-      : sums(s.bf16_rows ? workspace + skip : rows) {}
-  void finish(Kernels& k, float* rows, int count, const ExpertsShape& s) const {
-    if (s.bf16_rows) k.to_bf16(reinterpret_cast<uint16_t*>(rows), sums, size_t(count) * s.C);
+  float *rows, *sums;
+  int C;
+  RowSums(float* rows_, float* workspace, size_t skip, const ExpertsShape& s)
+      : rows(rows_), sums(s.bf16_rows ? workspace + skip : rows_), C(s.C) {}
+  void finish(Kernels& k, int count) const {  // the first `count` rows complete
+    if (sums != rows) k.to_bf16(reinterpret_cast<uint16_t*>(rows), sums, size_t(count) * C);
   }
 };
 
@@ -266,7 +267,7 @@ void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   k.linear_forward_grouped(gate_up.data(), int(gate_up.size()));
   k.swiglu_forward(st.a, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
   k.linear_forward_grouped(down.data(), int(down.size()));  // (count,C) per part
-  y.finish(k, out.rows, rows, s);
+  y.finish(k, rows);
 }
 
 // silu(g)·u over the rows received, from the kept projections: what selective recompute redoes.
@@ -301,7 +302,7 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
   k.swiglu_backward(ws.dg, ws.du, da, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
   gate.insert(gate.end(), up.begin(), up.end());  // each part's dx: the gate's product, then the up's added
   k.linear_backward_input_grouped(gate.data(), int(gate.size()));         // dx (count,C) per part
-  dx_sums.finish(k, dx.rows, rows, s);
+  dx_sums.finish(k, rows);
 }
 
 void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
