@@ -54,7 +54,7 @@ TRAIN_TIMEOUT_S=${TRAIN_TIMEOUT_S:-${STEP_TIMEOUT_S:-60}}
 MPI_TIMEOUT_S=${MPI_TIMEOUT_S:-${STEP_TIMEOUT_S:-60}}
 THROUGHPUT_TIMEOUT_S=${THROUGHPUT_TIMEOUT_S:-${STEP_TIMEOUT_S:-90}}
 SANITIZE_TIMEOUT_S=${SANITIZE_TIMEOUT_S:-${STEP_TIMEOUT_S:-150}}
-CONFIGS=${CONFIGS:-quickstart qwen3-small qwen3-moe-small quickstart-bf16 qwen3-small-bf16}
+CONFIGS=${CONFIGS:-quickstart qwen3-small qwen3-moe-small quickstart-bf16 qwen3-small-bf16 qwen3-moe-small-bf16}
 SUMMARY=$OUT/summary.txt
 export NCCL_DEBUG=WARN
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1

@@ -14,7 +14,7 @@ from common import ROOT, fail
 
 CHECK = os.path.join(ROOT, "tools", "gpu-check.sh")
 CONFIGS = ["quickstart", "qwen3-small", "qwen3-moe-small", "gpt2-124m"]
-BF16_CONFIGS = ["quickstart-bf16", "qwen3-small-bf16"]  # configs/NAME.toml with job.precision = "bf16"
+BF16_CONFIGS = ["quickstart-bf16", "qwen3-small-bf16", "qwen3-moe-small-bf16"]  # configs/NAME.toml in bf16
 
 LIB_C = r"""
 #ifdef __cplusplus
@@ -270,7 +270,7 @@ def main():
         fail(f"with TOTAL_S=6 the check exited {p.returncode} after {p.seconds:.1f} s:\n{p.stdout}")
     for what in ("kernels: TIMED OUT after", "train-quickstart-cuda: SKIPPED", "train-qwen3-moe-small-cuda: SKIPPED",
                  "two-ranks-one-gpu: SKIPPED", "throughput-gpt2-124m: SKIPPED", "throughput-gpt2-124m-bf16: SKIPPED",
-                 "train-quickstart-bf16-cuda: SKIPPED", "sample-qwen3-small-checkpoint: SKIPPED", "10 skipped"):
+                 "train-quickstart-bf16-cuda: SKIPPED", "sample-qwen3-small-checkpoint: SKIPPED", "11 skipped"):
         expect(s, what, "summary with TOTAL_S=6")
     print(f"ok  steps past the deadline skipped and named ({p.seconds:.1f} s)")
 
