@@ -75,21 +75,26 @@ def check_nonfinite_skip(d):
     cfg = write(d, "skip.toml", tiny_gpt(name="skip", steps=300, layers=2, batch=4) +
                 f'\n[checkpoint]\ndir = "{ck}"\nevery = 1\nkeep = 3\n')
     mpath = os.path.join(d, "skip.jsonl")
-    # Whether the steps after a non-finite one are finite again is chaotic and differs between builds: the
-    # first recipe whose divergence passes is checked (the first here; the second under ASan+UBSan).
+    # Whether the steps after a non-finite one are finite again is chaotic: it differs between builds and
+    # processors, and from seed to seed (measured on a Zen 2 EPYC: 2 of 7 seeds in the release build, 1 of 5 under
+    # ASan+UBSan, whose rounding differs). The first run whose divergence passes is checked: each recipe on the
+    # job's seed, then on seeds 1 to 8.
     tried = []
-    for recipe in (DIVERGE, DIVERGE + ["--set", "optimizer.eps=1e-12"]):
+    runs = [(recipe, seed) for seed in (None, 1, 2, 3, 4, 5, 6, 7, 8)
+            for recipe in (DIVERGE, DIVERGE + ["--set", "optimizer.eps=1e-12"])]
+    for recipe, seed in runs:
         shutil.rmtree(ck, ignore_errors=True)
-        p = run(1, cfg, "--metrics", mpath, *recipe, "--set", 'job.on_nonfinite="skip"', "--set", "job.max_skipped=3",
-                check=False)
+        seeded = ["--set", f"job.seed={seed}"] if seed else []
+        p = run(1, cfg, "--metrics", mpath, *recipe, *seeded, "--set", 'job.on_nonfinite="skip"', "--set",
+                "job.max_skipped=3", check=False)
         lines = json_lines(mpath)
         skipped = [m["step"] for m in lines if m.get("skipped")]
         after = [m for m in lines if skipped and m["step"] > skipped[0] and not m.get("skipped")]
-        tried.append(f"{' '.join(recipe)}: exit {p.returncode}, skipped {skipped[:8]}")
+        tried.append(f"{' '.join(recipe + seeded)}: exit {p.returncode}, skipped {skipped[:8]}")
         if skipped and after:
             break
     else:
-        fail("on_nonfinite = skip: no recipe gave a skipped step after which training went on:\n" + "\n".join(tried))
+        fail("on_nonfinite = skip: no run gave a skipped step after which training went on:\n" + "\n".join(tried))
     if p.returncode != 3 or "3 steps in a row" not in p.stderr:
         fail(f"on_nonfinite = skip, max_skipped = 3: exit {p.returncode}, expected 3 after three in a row\n{p.stderr}")
     # the last two checkpoints follow skipped steps: parameters and moments must be unchanged
