@@ -3,7 +3,6 @@
 // expert rows at either width (fp32, or bf16 written rounded and read widened).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "backend/cpu/act_store.hpp"
 #include "backend/cpu/cpu_kernels.hpp"
@@ -32,38 +31,26 @@ inline float dot_rows(const float* __restrict x, const Y* __restrict y, int C) {
   return float(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
 }
 
-// Row i of dst (C values) = a · s (scale given) or s, as fp32 or rounded to bf16.
-inline void put_row(float* __restrict d, const float* __restrict s, const float* scale, float a, int C) {
-  if (!scale) std::memcpy(d, s, sizeof(float) * size_t(C));
-  else
-    for (int c = 0; c < C; ++c) d[c] = a * s[c];
-}
-inline void put_row(uint16_t* __restrict d, const float* __restrict s, const float* scale, float a, int C) {
-  if (!scale)
-    for (int c = 0; c < C; ++c) d[c] = bf16_bits(s[c]);
-  else
-    for (int c = 0; c < C; ++c) d[c] = bf16_bits(a * s[c]);
-}
-
 }  // namespace
 
 void CpuKernels::gather_rows(Act dst, const float* src, const int32_t* rows, const float* scale, int m, int C) {
   if (m <= 0 || C <= 0) return;
   const size_t width = size_t(C);
-  auto gather = [&](auto* out) {
-    for_range(size_t(m) * width, threads_, [&](size_t e0, size_t e1) {
-      for (size_t i = e0 / width; i < e1 / width; ++i) {
-        auto* __restrict d = out + i * width;  // (C): output row i
-        if (rows[i] < 0) {                     // past a routing's kept rows
-          std::fill(d, d + width, 0);
-          continue;
-        }
-        put_row(d, src + int64_t(rows[i]) * C, scale, scale ? scale[i] : 1.f, C);  // source row rows[i]
+  for_range(size_t(m) * width, threads_, [&](size_t e0, size_t e1) {
+    for (size_t i = e0 / width; i < e1 / width; ++i) {  // output row i (C) at dst's width
+      if (rows[i] < 0) {                                // past a routing's kept rows
+        cpu::store(dst, i * width, width, [](size_t) { return 0.f; });
+        continue;
       }
-    });
-  };
-  if (dst.bf16) gather(dst.bits());
-  else gather(dst.f32());
+      const float* __restrict s = src + int64_t(rows[i]) * C;  // (C): source row rows[i]
+      if (!scale) {
+        cpu::store(dst, i * width, width, [&](size_t c) { return s[c]; });
+        continue;
+      }
+      const float a = scale[i];
+      cpu::store(dst, i * width, width, [&](size_t c) { return a * s[c]; });
+    }
+  });
 }
 
 void CpuKernels::combine_rows(float* dst, ConstAct src, const int32_t* pos, const float* w, int n, int K, int C,
