@@ -46,6 +46,14 @@ struct ConstAct {
   }
 };
 
+// Where an attention's rows lie: elements between the rows of consecutive positions of q and dq (`q`) and of k, v,
+// dk and dv (`kv`); y and dy are packed (H·D). 0, the default: packed too, H·D and KV·D. GPT-2's fused qkv(B,T,3C),
+// with k at +C and v at +2C: {3C, 3C}.
+struct HeadRows {
+  int64_t q = 0, kv = 0;
+  HeadRows resolved(int H, int KV, int D) const { return {q ? q : int64_t(H) * D, kv ? kv : int64_t(KV) * D}; }
+};
+
 // One product of a grouped linear call (Kernels::linear_*_grouped): the operands of the matching linear_* call,
 // without bias. forward: out = y(N,OC), a = x(N,C), b = w(OC,C). backward_input: out = dx(N,C), a = dy(N,OC),
 // b = w(OC,C). backward_weight: out = dw(OC,C), a = dy(N,OC), b = x(N,C). The activations among them (a; b of
@@ -148,26 +156,6 @@ class Kernels {
   virtual void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                          const float* rstd, int N, int C, bool accumulate) = 0;
 
-  // The attention calls in bf16 matmul precision (set_matmul_precision): every product inside them takes
-  // bf16-rounded operands and accumulates in fp32. Forward: S = Q·Kᵀ (Q, K rounded; the scale applied to the fp32
-  // sums), Y = P·V (P and V rounded). Backward: dP = dY·Vᵀ, dV = Pᵀ·dY, dQ = dS·K, dK = dSᵀ·Q (every operand
-  // rounded; scale as in the forward). The softmax, its statistics (max, sum, lse, and Σ_j P·dP, which the
-  // grouped-query backward takes as dy·y from the unrounded dy and the forward's y), the stored probabilities att,
-  // dS = P ⊙ (dP − Σ_j P·dP) before its rounding, and every output stay fp32. Where P is rounded may differ: after
-  // the normalisation (CPU, GPT-2 on CUDA) or, in a flash kernel, exp(s − running max) before the division by the
-  // sum (grouped-query attention on CUDA, head dimensions up to 128; above, the fp32 kernels on rounded q, k, v, dy,
-  // which leave P and dS unrounded). The scratch sizes do not depend on the precision. In fp32 nothing changes.
-  // There qkv, or q, k and v, may be bf16 activations (all three at one width): the products read them as they
-  // are, the same bits as rounding them in the call. GPT-2's att may be one too: the forward writes P rounded (the
-  // operand P·V reads), and the backward reads it so, widened for dS (as a stash held in bf16 gives it back).
-  //
-  // Causal multi-head self-attention. qkv(B,T,3C) → y(B,T,C); att(B,NH,T,T) keeps the probabilities.
-  virtual void attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) = 0;
-  // dqkv(B,T,3C) = backward of attention given dy(B,T,C). scratch: attention_scratch_floats(...) floats.
-  virtual void attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att, float* scratch, int B,
-                                  int T, int C, int NH) = 0;
-  virtual size_t attention_scratch_floats(int B, int T, int C, int NH) const = 0;
-
   // x(B,T,C) = wte[tok] + wpe[t]; tok(B,T).
   virtual void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
                                  int C) = 0;
@@ -191,18 +179,30 @@ class Kernels {
   // torch does), (x_i, x_{i+D/2}) → (x_i cos a − x_{i+D/2} sin a, x_{i+D/2} cos a + x_i sin a).
   // inverse = true rotates by −a: the backward (transpose) of the forward.
   virtual void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) = 0;
+  // The attention calls in bf16 matmul precision (set_matmul_precision): every product inside them takes
+  // bf16-rounded operands and accumulates in fp32. Forward: S = Q·Kᵀ (Q, K rounded; the scale applied to the fp32
+  // sums), Y = P·V (P and V rounded). Backward: dP = dY·Vᵀ, dV = Pᵀ·dY, dQ = dS·K, dK = dSᵀ·Q (every operand
+  // rounded; scale as in the forward). The softmax, its statistics (max, sum, lse, and Σ_j P·dP, taken as dy·y from
+  // the unrounded dy and the forward's y), dS = P ⊙ (dP − Σ_j P·dP) before its rounding, and every output stay
+  // fp32. Where P is rounded may differ: after the normalisation (CPU) or, in a flash kernel, exp(s − running max)
+  // before the division by the sum (CUDA, head dimensions up to 128; above, the fp32 kernels on rounded q, k, v,
+  // dy, which leave P and dS unrounded). The scratch sizes do not depend on the precision. In fp32 nothing changes.
+  // There q, k and v may be bf16 activations (all three at one width): the products read them as they are, the
+  // same bits as rounding them in the call.
+  //
   // Causal grouped-query attention scaled by D^-1/2: q(B,T,H,D), k(B,T,KV,D), v(B,T,KV,D) → y(B,T,H,D);
   // query head h reads key/value head h / (H/KV). lse(B,H,T) = log Σ_j exp(score) of each query row, for the
   // backward. Never holds more than one (rows × T) tile of scores per (sequence, head) at a time; skips the
-  // masked (upper) half of the work.
+  // masked (upper) half of the work. Multi-head attention is the case KV = H; q, k and v may be views of one fused
+  // buffer (rows: HeadRows).
   virtual void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
-                                     int KV, int D) = 0;
+                                     int KV, int D, HeadRows rows = {}) = 0;
   // dq(B,T,H,D), dk(B,T,KV,D), dv(B,T,KV,D) written (not accumulated) from dy(B,T,H,D); probabilities are
   // recomputed from q, k and lse; y is the forward output (a bf16 activation where it was rounded into one).
-  // scratch: gqa_attention_scratch_floats(...) floats.
+  // dq, dk and dv have the row strides of q, k and v. scratch: gqa_attention_scratch_floats(...) floats.
   virtual void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
                                       ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T, int H,
-                                      int KV, int D) = 0;
+                                      int KV, int D, HeadRows rows = {}) = 0;
   virtual size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const = 0;
   // a(n) = silu(g) * u, silu(x) = x / (1 + e^-x); a may be a bf16 activation (computed in fp32, then rounded), and
   // g and u bf16 activations (both or neither; widened).

@@ -134,13 +134,6 @@ void ProfilingKernels::layernorm_backward_weight(float* dw, float* db, const flo
   timed("layernorm_backward_weight",
         [&] { k_.layernorm_backward_weight(dw, db, dy, x, mean, rstd, N, C, accumulate); });
 }
-void ProfilingKernels::attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) {
-  timed("attention_forward", [&] { k_.attention_forward(y, att, qkv, B, T, C, NH); });
-}
-void ProfilingKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att,
-                                          float* scratch, int B, int T, int C, int NH) {
-  timed("attention_backward", [&] { k_.attention_backward(dqkv, dy, qkv, att, scratch, B, T, C, NH); });
-}
 void ProfilingKernels::embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B,
                                          int T, int C) {
   timed("embedding_forward", [&] { k_.embedding_forward(x, tok, wte, wpe, B, T, C); });
@@ -166,14 +159,14 @@ void ProfilingKernels::rope(float* x, int B, int T, int H, int D, float theta, b
   timed("rope", [&] { k_.rope(x, B, T, H, D, theta, inverse); });
 }
 void ProfilingKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v,
-                                             int B, int T, int H, int KV, int D) {
-  timed("gqa_attention_forward", [&] { k_.gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D); });
+                                             int B, int T, int H, int KV, int D, HeadRows rows) {
+  timed("gqa_attention_forward", [&] { k_.gqa_attention_forward(y, lse, q, k, v, B, T, H, KV, D, rows); });
 }
 void ProfilingKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q,
                                               ConstAct k, ConstAct v, ConstAct y, const float* lse,
-                                              float* scratch, int B, int T, int H, int KV, int D) {
+                                              float* scratch, int B, int T, int H, int KV, int D, HeadRows rows) {
   timed("gqa_attention_backward",
-        [&] { k_.gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D); });
+        [&] { k_.gqa_attention_backward(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, rows); });
 }
 void ProfilingKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {
   timed("swiglu_forward", [&] { k_.swiglu_forward(a, g, u, n); });

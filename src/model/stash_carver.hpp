@@ -27,8 +27,8 @@ struct StashParts {
 // Takes consecutive 4-byte ranges (floats or int32) of either part; with null bases it only counts, which is
 // how a segment's sizes are made from the same code. finish() places the tail (call it before using tail
 // pointers); kept_bytes and tail_bytes are the parts' sizes. Floats taken by keep() and tail() may be stored in
-// bf16 (a bf16 run's stash); int32 ids and the floats of keep_exact() (statistics: a norm's rstd, a softmax's
-// log-sum-exp) are stored as they are. keep_act() and tail_act() take an activation that only matmuls read (Act):
+// bf16 (a bf16 run's stash); int32 ids and the floats of keep_exact() and tail_exact() (statistics: a norm's rstd,
+// a softmax's log-sum-exp) are stored as they are. keep_act() and tail_act() take an activation that only matmuls read (Act):
 // bf16 bits at 2 bytes each (rounded up to 4) where `bf16` (ModelDims::bf16_matmul_inputs). In a stash held in bf16
 // (recording its layout, or StashParts::held) such an activation is in place: where the stash is held, in the
 // layout's order, taking no room in the view; kept_bytes and tail_bytes are then the view's.
@@ -57,11 +57,9 @@ class StashCarver {
   }
   template <typename T>
   void tail(T*& p, int64_t count) {
-    p = nullptr;
-    const size_t at = tail_bytes;
-    pending_.push_back([&p, at](char* base, const uint64_t*) { p = base ? reinterpret_cast<T*>(base + at) : nullptr; });
-    add_tail_run({at, size_t(count) * 4, !std::is_same_v<T, float>});
+    tail_run(p, count, !std::is_same_v<T, float>);
   }
+  void tail_exact(float*& p, int64_t count) { tail_run(p, count, true); }
   void tail_act(Act& a, int64_t count, bool bf16) {
     a = Act(nullptr, bf16);
     const size_t at = tail_bytes, run = tail_runs_.size();
@@ -99,6 +97,13 @@ class StashCarver {
     if (runs_) runs_->add(kept_bytes, size_t(count) * 4, exact);
     kept_bytes += size_t(count) * 4;
     return p;
+  }
+  template <typename T>
+  void tail_run(T*& p, int64_t count, bool exact) {
+    p = nullptr;
+    const size_t at = tail_bytes;
+    pending_.push_back([&p, at](char* base, const uint64_t*) { p = base ? reinterpret_cast<T*>(base + at) : nullptr; });
+    add_tail_run({at, size_t(count) * 4, exact});
   }
   void add_tail_run(StashRun r) {
     tail_runs_.push_back(r);

@@ -338,11 +338,10 @@ struct RowsView {
 };
 
 // One causal head in bf16 matmul precision, in double from rounded q, k, v (rq, rk, rv: whole tensors rounded):
-// P = softmax(scale · q kᵀ); y += round(P) · v into y at yv, with the doubt of each element; att(T,T) and lse(T)
-// where not null.
+// P = softmax(scale · q kᵀ); y += round(P) · v into y at yv, with the doubt of each element; lse(T).
 void bf16_head_forward(const std::vector<float>& rq, RowsView qv, const std::vector<float>& rk, RowsView kv,
                        const std::vector<float>& rv, RowsView vv, int T, int D, std::vector<double>& y,
-                       std::vector<double>& y_doubt, RowsView yv, double* att, double* lse) {
+                       std::vector<double>& y_doubt, RowsView yv, double* lse) {
   const double scale = 1.0 / std::sqrt(double(D));
   for (int i = 0; i < T; ++i) {
     std::vector<double> p(size_t(i) + 1);
@@ -355,10 +354,9 @@ void bf16_head_forward(const std::vector<float>& rq, RowsView qv, const std::vec
     }
     double z = 0;
     for (double& e : p) z += (e = std::exp(e - mx));
-    if (lse) lse[i] = mx + std::log(z);
+    lse[i] = mx + std::log(z);
     for (int j = 0; j <= i; ++j) {
       const double pj = p[size_t(j)] / z, rp = rounded(pj), dp = doubt(pj, kProbWindow * pj);
-      if (att) att[size_t(i) * T + j] = pj;
       for (int c = 0; c < D; ++c) {
         y[yv.at(i, c)] += rp * rv[vv.at(j, c)];
         y_doubt[yv.at(i, c)] += dp * std::abs(double(rv[vv.at(j, c)]));
@@ -368,16 +366,15 @@ void bf16_head_forward(const std::vector<float>& rq, RowsView qv, const std::vec
 }
 
 // Its backward given dy (rdy rounded): dP = dy vᵀ, dS = P (dP − Drow), dq += scale · round(dS) k, dk += scale ·
-// round(dS)ᵀ q, dv += round(P)ᵀ dy, with doubts. P is att(T,T) as given (GPT-2: the kernel rounds those very
-// values, no doubt), or exp(scale · q kᵀ − lse) (grouped-query attention). Drow is Σ_j P dP (GPT-2) or dy · y from
-// the unrounded dy and the forward's y (grouped-query attention), as the kernels take it.
+// round(dS)ᵀ q, dv += round(P)ᵀ dy, with doubts. P is exp(scale · q kᵀ − lse); Drow is dy · y from the unrounded dy
+// and the forward's y, as the kernels take it.
 struct HeadGrads {
   std::vector<double>&dq, &dk, &dv, &dq_doubt, &dk_doubt, &dv_doubt;
 };
 void bf16_head_backward(const std::vector<float>& rq, RowsView qv, const std::vector<float>& rk, RowsView kv,
                         const std::vector<float>& rv, RowsView vv, const std::vector<float>& rdy,
-                        const std::vector<float>& dy, const std::vector<float>* y, RowsView gv, const float* att,
-                        const float* lse, int T, int D, HeadGrads g) {
+                        const std::vector<float>& dy, const std::vector<float>& y, RowsView gv, const float* lse,
+                        int T, int D, HeadGrads g) {
   const double scale = 1.0 / std::sqrt(double(D));
   for (int i = 0; i < T; ++i) {
     std::vector<double> P(size_t(i) + 1), dP(size_t(i) + 1), size(size_t(i) + 1);
@@ -390,26 +387,20 @@ void bf16_head_backward(const std::vector<float>& rq, RowsView qv, const std::ve
       }
       dP[size_t(j)] = d;
       size[size_t(j)] = m;
-      if (att) {
-        P[size_t(j)] = att[size_t(i) * T + j];
-      } else {
-        double s = 0;
-        for (int c = 0; c < D; ++c) s += double(rq[qv.at(i, c)]) * rk[kv.at(j, c)];
-        P[size_t(j)] = std::exp(s * scale - double(lse[i]));
-      }
-      if (!y) drow += P[size_t(j)] * d, drow_size += P[size_t(j)] * m;
+      double s = 0;
+      for (int c = 0; c < D; ++c) s += double(rq[qv.at(i, c)]) * rk[kv.at(j, c)];
+      P[size_t(j)] = std::exp(s * scale - double(lse[i]));
     }
-    if (y)
-      for (int c = 0; c < D; ++c) {
-        drow += double(dy[gv.at(i, c)]) * (*y)[gv.at(i, c)];
-        drow_size += std::abs(double(dy[gv.at(i, c)]) * (*y)[gv.at(i, c)]);
-      }
+    for (int c = 0; c < D; ++c) {
+      drow += double(dy[gv.at(i, c)]) * y[gv.at(i, c)];
+      drow_size += std::abs(double(dy[gv.at(i, c)]) * y[gv.at(i, c)]);
+    }
     for (int j = 0; j <= i; ++j) {
       const double p = P[size_t(j)], ds = p * (dP[size_t(j)] - drow);
       // the kernel's dS: fp32 sums of dP and Drow (errors ~1e-7 of their terms' sizes), then two fp32 operations
       const double ds_window = 2e-6 * p * (size[size_t(j)] + drow_size) + 1e-6 * std::abs(ds);
       const double rds = rounded(ds), dds = doubt(ds, ds_window);
-      const double rp = rounded(p), dp = att ? 0.0 : doubt(p, kProbWindow * p);
+      const double rp = rounded(p), dp = doubt(p, kProbWindow * p);
       for (int c = 0; c < D; ++c) {
         g.dq[qv.at(i, c)] += scale * rds * rk[kv.at(j, c)];
         g.dq_doubt[qv.at(i, c)] += scale * dds * std::abs(double(rk[kv.at(j, c)]));
@@ -447,84 +438,81 @@ std::function<void(const Tensors&, const Tensors&)> differs_from_fp32_kernel(
   };
 }
 
-// The tensors of a GPT-2 attention case: qkv(B,T,3C) in (-2, 2), dy(B,T,C); y, att(B,NH,T,T) and dqkv filled.
+// The tensors of a GPT-2 attention case: qkv(B,T,3C) in (-2, 2), dy(B,T,C); y, lse(B,NH,T) and dqkv filled.
 std::function<Tensors(std::mt19937&)> gpt2_attention_start(int B, int T, int C, int NH) {
-  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
+  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_lse = size_t(B) * NH * T;
   return [=](std::mt19937& gen) {
     Tensors t;
     t["qkv"] = f32(uniform(gen, n_qkv, -2.f, 2.f));
     t["dy"] = f32(uniform(gen, n_y));
     t["y"] = f32(filled(n_y, 5.f));
-    t["att"] = f32(filled(n_att, 5.f));
+    t["lse"] = f32(filled(n_lse, 5.f));
     t["dqkv"] = f32(filled(n_qkv, 1e3f));
     return t;
   };
 }
 
-// The same with att the probabilities of the CPU's bf16 forward (the input of a backward case).
-std::function<Tensors(std::mt19937&)> gpt2_attention_after_forward(int B, int T, int C, int NH) {
-  auto start = gpt2_attention_start(B, T, C, NH);
-  return [=](std::mt19937& gen) {
-    Tensors t = start(gen);
-    HostInBf16 bf16;
-    std::vector<float> y(size_t(B) * T * C);
-    host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
-    return t;
-  };
-}
-
-// GPT-2 attention (qkv(B,T,3C), P after its normalisation rounded, on both backends).
+// GPT-2 attention: multi-head (KV = H) on q, k and v as views of its fused qkv(B,T,3C), dq, dk and dv written into
+// a fused dqkv; on CUDA the tensor-core kernels (flash style), on the CPU P rounded after its normalisation.
 void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases, int B, int T, int C, int NH) {
   const int hd = C / NH;
   const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
-  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_att = size_t(B) * NH * T * T;
+  const size_t n_qkv = size_t(B) * T * 3 * C, n_y = size_t(B) * T * C, n_lse = size_t(B) * NH * T;
+  const HeadRows fused{3 * int64_t(C), 3 * int64_t(C)};
   auto start = gpt2_attention_start(B, T, C, NH);
   // head h of sequence b: q, k, v at columns part · C + h · hd of qkv's rows; y and dy at h · hd of theirs
   auto part = [=](int b, int h, int p) {
     return RowsView{size_t(b) * T * 3 * C + size_t(p) * C + size_t(h) * hd, size_t(3 * C)};
   };
   auto out = [=](int b, int h) { return RowsView{size_t(b) * T * C + size_t(h) * hd, size_t(C)}; };
-  // CUDA against the CPU. Forward: both round the normalised P, each P_ij by a relative error of at most 2^-9, so
-  // whichever way each rounds, y differs by at most 2^-8 Σ_j P_ij |v_j| ≤ 2^-8 · max |v| = 2^-7 (v in (-2, 2)),
-  // plus fp32 sums: 5e-3 of max(|y|, 2). Backward: the same P rounded the same way (att is an input), but dS =
-  // P (dP − Σ P dP) cancels, so the two backends' fp32 dS differ by far more than fp32's eps and now and then round
-  // to the other neighbour: one bf16 step (2^-7) of one term of dq or dk each time. A CPU emulation of the CUDA
-  // arithmetic on these inputs measured 3e-3 for that on the grouped-query rows below; 1.5e-2.
+  auto forward = [=](Kernels& k, float* y, float* lse, ConstAct qkv) {
+    k.gqa_attention_forward(y, lse, qkv, qkv.at(C), qkv.at(2 * C), B, T, NH, NH, hd, fused);
+  };
+  auto backward = [=](Kernels& k, Buffers& b, ConstAct qkv) {
+    float* scratch = b.scratch(k.gqa_attention_scratch_floats(B, T, NH, NH, hd));
+    float* dqkv = b.f("dqkv");
+    k.gqa_attention_backward(dqkv, dqkv + C, dqkv + 2 * C, b.f("dy"), qkv, qkv.at(C), qkv.at(2 * C), b.f("y"),
+                             b.f("lse"), scratch, B, T, NH, NH, hd, fused);
+  };
+  // CUDA against the CPU, as the grouped-query cases below say: y 5e-3 of max(|y|, 2) (v in (-2, 2) here), dqkv
+  // 1.5e-2.
   cases.push_back(
-      {.name = "bf16 attention_forward " + shape,
+      {.name = "bf16 attention_forward fused qkv " + shape,
        .make = start,
-       .call = in_bf16([=](Kernels& k, Buffers& b) {
-         k.attention_forward(b.f("y"), b.f("att"), b.f("qkv"), B, T, C, NH);
-       }),
-       .outs = {{"y", 5e-3, kRoundedRtol, 2}, {"att", 1e-3, 2e-5, 0, 1}},
+       .call = in_bf16([=](Kernels& k, Buffers& b) { forward(k, b.f("y"), b.f("lse"), b.f("qkv")); }),
+       .outs = {{"y", 5e-3, kRoundedRtol, 2}, {"lse", 1e-5, 3e-6, 0, 1}},
        .reference =
            [=](Tensors& t) {
              const auto rqkv = rounded(t["qkv"].f);
-             std::vector<double> y(n_y, 0.0), y_doubt(n_y, 0.0), att(n_att, 0.0);
+             std::vector<double> y(n_y, 0.0), y_doubt(n_y, 0.0), lse(n_lse, 0.0);
              for (int b = 0; b < B; ++b)
                for (int h = 0; h < NH; ++h)
                  bf16_head_forward(rqkv, part(b, h, 0), rqkv, part(b, h, 1), rqkv, part(b, h, 2), T, hd, y, y_doubt,
-                                   out(b, h), att.data() + (size_t(b) * NH + h) * T * T, nullptr);
+                                   out(b, h), lse.data() + (size_t(b) * NH + h) * T);
              t["y"] = as_f32(y);
              t["y.scale"] = f64(doubt_scale(y, y_doubt));
-             t["att"] = as_f32(att);
+             t["lse"] = as_f32(lse);
            },
        .threads_rtol = 0,
+       .cuda_repeatable = true,
        .twins = {{.what = "from a bf16 qkv",
                   .call = in_bf16([=](Kernels& k, Buffers& b) {
-                    k.attention_forward(b.f("y"), b.f("att"), as_bf16(k, b, "qkv", n_qkv), B, T, C, NH);
+                    forward(k, b.f("y"), b.f("lse"), as_bf16(k, b, "qkv", n_qkv));
                   }),
                   .rtol = 0}},
        .property = differs_from_fp32_kernel({"y"}, [=](CpuKernels& k, Tensors& t) {
-         k.attention_forward(t["y"].f.data(), t["att"].f.data(), t["qkv"].f.data(), B, T, C, NH);
+         forward(k, t["y"].f.data(), t["lse"].f.data(), t["qkv"].f.data());
        })});
   cases.push_back(
-      {.name = "bf16 attention_backward " + shape,  // from the CPU's bf16 forward's att
-       .make = gpt2_attention_after_forward(B, T, C, NH),
-       .call = in_bf16([=](Kernels& k, Buffers& b) {
-         float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
-         k.attention_backward(b.f("dqkv"), b.f("dy"), b.f("qkv"), b.f("att"), scratch, B, T, C, NH);
-       }),
+      {.name = "bf16 attention_backward fused qkv " + shape,  // from the CPU's bf16 forward's y and lse
+       .make =
+           [=](std::mt19937& gen) {
+             Tensors t = start(gen);
+             HostInBf16 bf16;
+             forward(host(), t["y"].f.data(), t["lse"].f.data(), t["qkv"].f.data());
+             return t;
+           },
+       .call = in_bf16([=](Kernels& k, Buffers& b) { backward(k, b, b.f("qkv")); }),
        .outs = {{"dqkv", 1.5e-2, kRoundedRtol}},
        .reference =
            [=](Tensors& t) {
@@ -533,67 +521,22 @@ void bf16_gpt2_attention_cases(std::vector<KernelCase>& cases, int B, int T, int
              for (int b = 0; b < B; ++b)
                for (int h = 0; h < NH; ++h)
                  bf16_head_backward(rqkv, part(b, h, 0), rqkv, part(b, h, 1), rqkv, part(b, h, 2), rdy, t["dy"].f,
-                                    nullptr, out(b, h), t["att"].f.data() + (size_t(b) * NH + h) * T * T, nullptr, T,
-                                    hd, HeadGrads{d, d, d, dd, dd, dd});
+                                    t["y"].f, out(b, h), t["lse"].f.data() + (size_t(b) * NH + h) * T, T, hd,
+                                    HeadGrads{d, d, d, dd, dd, dd});
              t["dqkv"] = as_f32(d);
              t["dqkv.scale"] = f64(doubt_scale(d, dd));
            },
        .threads_rtol = 0,
+       .cuda_repeatable = true,
        .twins = {{.what = "from a bf16 qkv",
-                  .call = in_bf16([=](Kernels& k, Buffers& b) {
-                    float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
-                    k.attention_backward(b.f("dqkv"), b.f("dy"), as_bf16(k, b, "qkv", n_qkv), b.f("att"), scratch, B,
-                                         T, C, NH);
-                  }),
+                  .call = in_bf16([=](Kernels& k, Buffers& b) { backward(k, b, as_bf16(k, b, "qkv", n_qkv)); }),
                   .rtol = 0}},
        .property = differs_from_fp32_kernel({"dqkv"}, [=](CpuKernels& k, Tensors& t) {
-         std::vector<float> scratch(k.attention_scratch_floats(B, T, C, NH));
-         k.attention_backward(t["dqkv"].f.data(), t["dy"].f.data(), t["qkv"].f.data(), t["att"].f.data(),
-                              scratch.data(), B, T, C, NH);
+         std::vector<float> scratch(k.gqa_attention_scratch_floats(B, T, NH, NH, hd));
+         float *qkv = t["qkv"].f.data(), *dqkv = t["dqkv"].f.data();
+         k.gqa_attention_backward(dqkv, dqkv + C, dqkv + 2 * C, t["dy"].f.data(), qkv, qkv + C, qkv + 2 * C,
+                                  t["y"].f.data(), t["lse"].f.data(), scratch.data(), B, T, NH, NH, hd, fused);
        })});
-}
-
-// GPT-2 attention with its probabilities att held in bf16 (a bf16 run's stash): the forward writes P rounded, the
-// backward reads it so; each the same bits as the fp32-att call with att rounded after (forward) or before
-// (backward). CUDA against the CPU: y and dqkv as the fp32-att cases; att a bf16 step (2^-7) where the two fp32
-// softmaxes round to different neighbours.
-void bf16_gpt2_attention_bf16_att_cases(std::vector<KernelCase>& cases, int B, int T, int C, int NH) {
-  const std::string shape = dims({{"B", B}, {"T", T}, {"C", C}, {"NH", NH}});
-  const size_t n_qkv = size_t(B) * T * 3 * C, n_att = size_t(B) * NH * T * T;
-  auto start = gpt2_attention_start(B, T, C, NH);
-  cases.push_back({.name = "bf16 attention_forward into a bf16 att " + shape,
-                   .make = start,
-                   .call = in_bf16([=](Kernels& k, Buffers& b) {
-                     auto* held = reinterpret_cast<uint16_t*>(b.scratch((n_att + 1) / 2));
-                     k.attention_forward(b.f("y"), Act(held, true), as_bf16(k, b, "qkv", n_qkv), B, T, C, NH);
-                     k.from_bf16(b.f("att"), held, n_att);
-                   }),
-                   .outs = {{"y", 5e-3}, {"att", 8e-3, 1e-5, 0, 1}},
-                   .threads_rtol = 0,
-                   .twins = {{.what = "the fp32-att call, att rounded after",
-                              .call = in_bf16([=](Kernels& k, Buffers& b) {
-                                k.attention_forward(b.f("y"), b.f("att"), b.f("qkv"), B, T, C, NH);
-                                round_in_place(k, b, "att", n_att);
-                              }),
-                              .rtol = 0}}});
-  cases.push_back({.name = "bf16 attention_backward from a bf16 att " + shape,  // from the CPU's bf16 forward's att
-                   .make = gpt2_attention_after_forward(B, T, C, NH),
-                   .call = in_bf16([=](Kernels& k, Buffers& b) {
-                     float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
-                     k.attention_backward(b.f("dqkv"), b.f("dy"), as_bf16(k, b, "qkv", n_qkv),
-                                          as_bf16(k, b, "att", n_att), scratch, B, T, C, NH);
-                   }),
-                   .outs = {{"dqkv", 1.5e-2}},
-                   .threads_rtol = 0,
-                   .twins = {{.what = "the fp32-att call on att rounded before",
-                              .call = in_bf16([=](Kernels& k, Buffers& b) {
-                                round_in_place(k, b, "att", n_att);
-                                float* scratch = b.scratch(k.attention_scratch_floats(B, T, C, NH));
-                                k.attention_backward(b.f("dqkv"), b.f("dy"), b.f("qkv"), b.f("att"), scratch, B, T,
-                                                     C, NH);
-                              }),
-                              .rtol = 0,
-                              .outs = {"dqkv"}}}});
 }
 
 // Grouped-query attention. On CUDA the tensor-core kernels: T = 37 inside one 64-row block, T = 130 over three (the
@@ -651,7 +594,7 @@ void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
                for (int b = 0; b < s.B; ++b)
                  for (int h = 0; h < s.H; ++h)
                    bf16_head_forward(rq, qrows(b, h), rk, krows(b, h), rv, krows(b, h), s.T, s.D, y, y_doubt,
-                                     qrows(b, h), nullptr, lse.data() + (size_t(b) * s.H + h) * s.T);
+                                     qrows(b, h), lse.data() + (size_t(b) * s.H + h) * s.T);
                t["y"] = as_f32(y);
                t["y.scale"] = f64(doubt_scale(y, y_doubt));
                t["lse"] = as_f32(lse);
@@ -691,9 +634,9 @@ void bf16_gqa_attention_cases(std::vector<KernelCase>& cases) {
                std::vector<double> dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0), dqd(nq, 0.0), dkd(nk, 0.0), dvd(nk, 0.0);
                for (int b = 0; b < s.B; ++b)
                  for (int h = 0; h < s.H; ++h)
-                   bf16_head_backward(rq, qrows(b, h), rk, krows(b, h), rv, krows(b, h), rdy, t["dy"].f, &t["y"].f,
-                                      qrows(b, h), nullptr, t["lse"].f.data() + (size_t(b) * s.H + h) * s.T, s.T,
-                                      s.D, HeadGrads{dq, dk, dv, dqd, dkd, dvd});
+                   bf16_head_backward(rq, qrows(b, h), rk, krows(b, h), rv, krows(b, h), rdy, t["dy"].f, t["y"].f,
+                                      qrows(b, h), t["lse"].f.data() + (size_t(b) * s.H + h) * s.T, s.T, s.D,
+                                      HeadGrads{dq, dk, dv, dqd, dkd, dvd});
                t["dq"] = as_f32(dq);
                t["dk"] = as_f32(dk);
                t["dv"] = as_f32(dv);
@@ -748,11 +691,9 @@ void add_bf16_cases(std::vector<KernelCase>& cases) {
   bf16_linear_cases(cases);
   bf16_grouped_cases(cases);
   bf16_storage_cases(cases);
-  // T = 64, a head width of 32: bf16 qkv and att on AMX tiles where the processor has them
-  for (auto [B, T, C, NH] : {std::tuple{2, 37, 96, 3}, std::tuple{2, 64, 64, 2}}) {
+  // T = 64, a head width of 32: a bf16 qkv on AMX tiles where the processor has them
+  for (auto [B, T, C, NH] : {std::tuple{2, 37, 96, 3}, std::tuple{2, 64, 64, 2}})
     bf16_gpt2_attention_cases(cases, B, T, C, NH);
-    bf16_gpt2_attention_bf16_att_cases(cases, B, T, C, NH);
-  }
   bf16_gqa_attention_cases(cases);
 }
 

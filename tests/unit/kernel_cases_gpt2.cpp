@@ -361,6 +361,8 @@ void layernorm_cases(std::vector<KernelCase>& cases) {
   }
 }
 
+// GPT-2's attention: multi-head (KV = H) over its fused qkv(B,T,3C), q, k and v as views of it (HeadRows {3C, 3C}),
+// dqkv(B,T,3C) written likewise.
 void attention_cases(std::vector<KernelCase>& cases) {
   struct Shape {
     int B, T, C, NH;
@@ -368,46 +370,51 @@ void attention_cases(std::vector<KernelCase>& cases) {
   // small (finite differences of every element), odd, one CUDA block of 64 rows, head size 8
   for (Shape s : {Shape{2, 6, 8, 2}, Shape{2, 33, 48, 4}, Shape{4, 64, 64, 2}, Shape{3, 7, 24, 3}}) {
     const std::string shape = dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}});
+    const int C = s.C, D = s.C / s.NH;
+    const HeadRows fused{3 * int64_t(C), 3 * int64_t(C)};
     auto start = [=](std::mt19937& gen) {
       Tensors t;
-      t["qkv"] = f32(uniform(gen, size_t(s.B) * s.T * 3 * s.C, -2.f, 2.f));
-      t["dy"] = f32(uniform(gen, size_t(s.B) * s.T * s.C));
-      t["y"] = f32(filled(size_t(s.B) * s.T * s.C, 5.f));
-      t["att"] = f32(filled(size_t(s.B) * s.NH * s.T * s.T, 5.f));  // zeros above the diagonal are written too
-      t["dqkv"] = f32(filled(t["qkv"].f.size(), 1e3f));              // written, not accumulated
+      t["qkv"] = f32(uniform(gen, size_t(s.B) * s.T * 3 * C, -2.f, 2.f));
+      t["dy"] = f32(uniform(gen, size_t(s.B) * s.T * C));
+      t["y"] = f32(filled(size_t(s.B) * s.T * C, 5.f));
+      t["lse"] = f32(filled(size_t(s.B) * s.NH * s.T, 5.f));
+      t["dqkv"] = f32(filled(t["qkv"].f.size(), 1e3f));  // written, not accumulated
       return t;
     };
-    cases.push_back(
-        {.name = "attention_forward " + shape,
-         .make = start,
-         .call = [=](Kernels& k,
-                     Buffers& b) { k.attention_forward(b.f("y"), b.f("att"), b.f("qkv"), s.B, s.T, s.C, s.NH); },
-         .outs = {{"y", 1e-3, 2e-5, 0, 1}, {"att", 1e-3, 2e-5, 0, 1}},
-         .reference =
-             [=](Tensors& t) {
-               std::vector<double> att;
-               t["y"] = as_f32(attention_ref(t["qkv"].f, s.B, s.T, s.C, s.NH, &att));
-               t["att"] = as_f32(att);
-             }});
-    auto loss = [=](const Tensors& t) { return dot(t.at("dy").f, attention_ref(t.at("qkv").f, s.B, s.T, s.C, s.NH)); };
-    cases.push_back({.name = "attention_backward " + shape,  // from the CPU forward's att
+    auto forward = [=](Kernels& k, float* y, float* lse, const float* qkv) {
+      k.gqa_attention_forward(y, lse, qkv, qkv + C, qkv + 2 * C, s.B, s.T, s.NH, s.NH, D, fused);
+    };
+    cases.push_back({.name = "attention_forward fused qkv " + shape,
+                     .make = start,
+                     .call = [=](Kernels& k, Buffers& b) { forward(k, b.f("y"), b.f("lse"), b.f("qkv")); },
+                     .outs = {{"y", 1e-4, 2e-5, 0, 1}, {"lse", 1e-5, 3e-6, 0, 1}},
+                     .reference =
+                         [=](Tensors& t) {
+                           std::vector<double> lse;
+                           t["y"] = as_f32(attention_ref(t["qkv"].f, s.B, s.T, C, s.NH, &lse));
+                           t["lse"] = as_f32(lse);
+                         },
+                     .cuda_repeatable = true});
+    auto loss = [=](const Tensors& t) { return dot(t.at("dy").f, attention_ref(t.at("qkv").f, s.B, s.T, C, s.NH)); };
+    cases.push_back({.name = "attention_backward fused qkv " + shape,  // from the CPU forward's y and lse
                      .make =
                          [=](std::mt19937& gen) {
                            Tensors t = start(gen);
-                           std::vector<float> y(t["y"].f.size());
-                           host().attention_forward(y.data(), t["att"].f.data(), t["qkv"].f.data(), s.B, s.T, s.C, s.NH);
+                           forward(host(), t["y"].f.data(), t["lse"].f.data(), t["qkv"].f.data());
                            return t;
                          },
                      .call =
                          [=](Kernels& k, Buffers& b) {
-                           float* scratch = b.scratch(k.attention_scratch_floats(s.B, s.T, s.C, s.NH));
-                           k.attention_backward(b.f("dqkv"), b.f("dy"), b.f("qkv"), b.f("att"), scratch, s.B, s.T, s.C,
-                                                s.NH);
+                           float* scratch = b.scratch(k.gqa_attention_scratch_floats(s.B, s.T, s.NH, s.NH, D));
+                           float *qkv = b.f("qkv"), *dqkv = b.f("dqkv");
+                           k.gqa_attention_backward(dqkv, dqkv + C, dqkv + 2 * C, b.f("dy"), qkv, qkv + C, qkv + 2 * C,
+                                                    b.f("y"), b.f("lse"), scratch, s.B, s.T, s.NH, s.NH, D, fused);
                          },
                      .outs = {{"dqkv", 1e-3}},
                      .reference = {},
                      .gradients = s.T < 10 && s.C < 10 ? std::vector<Gradient>{{"qkv", "dqkv", loss}}
-                                                       : std::vector<Gradient>{}});
+                                                       : std::vector<Gradient>{},
+                     .cuda_repeatable = true});
   }
 }
 

@@ -466,40 +466,76 @@ void gqa_attention_cases(std::vector<KernelCase>& cases) {
                             : std::vector<Gradient>{},
          .cuda_repeatable = true});
   }
-  // one key/value head per query head is multi-head attention: the same y as attention_forward on (q | k | v)
+  // q, k and v as views of one fused qkv(B,T,3C) (GPT-2's: HeadRows {3C, 3C}), dq, dk and dv written into a fused
+  // dqkv likewise: the bits of the calls on separate packed tensors
   const int B = 2, T = 70, H = 4, D = 8, C = H * D;
+  const size_t n = size_t(B) * T * C, nl = size_t(B) * H * T;
+  const HeadRows fused{3 * int64_t(C), 3 * int64_t(C)};
+  auto split = [=](std::mt19937& gen) {
+    Tensors t;
+    auto qkv = uniform(gen, 3 * n, -2.f, 2.f);
+    std::vector<float> q(n), k(n), v(n);
+    for (size_t r = 0; r < size_t(B) * T; ++r)
+      for (int c = 0; c < C; ++c) {
+        q[r * C + c] = qkv[r * 3 * C + c];
+        k[r * C + c] = qkv[r * 3 * C + C + c];
+        v[r * C + c] = qkv[r * 3 * C + 2 * C + c];
+      }
+    t["qkv"] = f32(qkv);
+    t["q"] = f32(q);
+    t["k"] = f32(k);
+    t["v"] = f32(v);
+    t["dy"] = f32(uniform(gen, n));
+    t["y"] = f32(filled(n, 5.f));
+    t["lse"] = f32(filled(nl, 5.f));
+    t["dqkv"] = f32(filled(3 * n, 1e3f));
+    return t;
+  };
   cases.push_back(
-      {.name = "gqa_attention_forward KV=H against attention_forward",
-       .make =
-           [=](std::mt19937& gen) {
-             Tensors t;
-             auto qkv = uniform(gen, size_t(B) * T * 3 * C, -2.f, 2.f);
-             std::vector<float> q(size_t(B) * T * C), k(q.size()), v(q.size());
-             for (size_t r = 0; r < size_t(B) * T; ++r)
-               for (int c = 0; c < C; ++c) {
-                 q[r * C + c] = qkv[r * 3 * C + c];
-                 k[r * C + c] = qkv[r * 3 * C + C + c];
-                 v[r * C + c] = qkv[r * 3 * C + 2 * C + c];
-               }
-             t["qkv"] = f32(qkv);
-             t["q"] = f32(q);
-             t["k"] = f32(k);
-             t["v"] = f32(v);
-             t["y"] = f32(filled(q.size(), 5.f));
-             t["lse"] = f32(filled(size_t(B) * H * T, 5.f));
-             return t;
-           },
+      {.name = "gqa_attention_forward KV=H on a fused qkv",
+       .make = split,
        .call = [=](Kernels& k,
                    Buffers& b) { k.gqa_attention_forward(b.f("y"), b.f("lse"), b.f("q"), b.f("k"), b.f("v"), B, T, H, H, D); },
        .outs = {{"y", 1e-4}, {"lse", 1e-5}},
-       .twins = {{.what = "attention_forward",
+       .cuda_repeatable = true,
+       .twins = {{.what = "q, k, v as views of the fused qkv",
                   .call =
                       [=](Kernels& k, Buffers& b) {
-                        float* att = b.scratch(size_t(B) * H * T * T);
-                        k.attention_forward(b.f("y"), att, b.f("qkv"), B, T, C, H);
+                        const float* qkv = b.f("qkv");
+                        k.gqa_attention_forward(b.f("y"), b.f("lse"), qkv, qkv + C, qkv + 2 * C, B, T, H, H, D, fused);
                       },
-                  .rtol = 1e-5,
-                  .outs = {"y"}}}});
+                  .rtol = 0}}});
+  cases.push_back(
+      {.name = "gqa_attention_backward KV=H into a fused dqkv",
+       .make =
+           [=](std::mt19937& gen) {
+             Tensors t = split(gen);
+             host().gqa_attention_forward(t["y"].f.data(), t["lse"].f.data(), t["q"].f.data(), t["k"].f.data(),
+                                          t["v"].f.data(), B, T, H, H, D);
+             return t;
+           },
+       .call =  // into separate dq, dk, dv, then their rows copied into dqkv's thirds
+       [=](Kernels& k, Buffers& b) {
+         float* d = b.scratch(3 * n);  // dq, dk, dv (B,T,C) each
+         float* scratch = b.scratch(k.gqa_attention_scratch_floats(B, T, H, H, D));
+         k.gqa_attention_backward(d, d + n, d + 2 * n, b.f("dy"), b.f("q"), b.f("k"), b.f("v"), b.f("y"), b.f("lse"),
+                                  scratch, B, T, H, H, D);
+         for (size_t r = 0; r < size_t(B) * T; ++r)
+           for (int part = 0; part < 3; ++part)
+             k.copy(b.f("dqkv") + r * 3 * C + size_t(part) * C, d + size_t(part) * n + r * C, sizeof(float) * C);
+       },
+       .outs = {{"dqkv", 1e-3}},
+       .cuda_repeatable = true,
+       .twins = {{.what = "q, k, v and dq, dk, dv as views of the fused qkv and dqkv",
+                  .call =
+                      [=](Kernels& k, Buffers& b) {
+                        const float* qkv = b.f("qkv");
+                        float* dqkv = b.f("dqkv");
+                        float* scratch = b.scratch(k.gqa_attention_scratch_floats(B, T, H, H, D));
+                        k.gqa_attention_backward(dqkv, dqkv + C, dqkv + 2 * C, b.f("dy"), qkv, qkv + C, qkv + 2 * C,
+                                                 b.f("y"), b.f("lse"), scratch, B, T, H, H, D, fused);
+                      },
+                  .rtol = 0}}});
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ TEST_CASE("cuda: every kernel case matches the CPU, and repeats its bits where i
   }
 }
 
-TEST_CASE("cuda: memory round trips are exact, zero clears, attention scratch is one sample's", "[cuda]") {
+TEST_CASE("cuda: memory round trips are exact, zero clears, attention scratch is a float a query row", "[cuda]") {
   SKIP_WITHOUT_GPU();
   auto be = make_backend("cuda", 1, 0);
   std::mt19937 gen(6);
@@ -101,8 +101,8 @@ TEST_CASE("cuda: memory round trips are exact, zero clears, attention scratch is
   CHECK(to_host<float>(*be, ga, n) == a);
   be->zero(ga.f(), sizeof(float) * n);
   CHECK(to_host<float>(*be, ga, n) == std::vector<float>(n, 0.f));
-  // the GPT-2 attention backward's scratch holds one sample's (NH,T,T), whatever B
-  CHECK(be->kernels().attention_scratch_floats(4, 64, 64, 2) == size_t(2) * 64 * 64);
+  // the attention backward's scratch holds dy · y of each query row (B,H,T), no (T,T) scores
+  CHECK(be->kernels().gqa_attention_scratch_floats(4, 64, 2, 2, 32) == size_t(4) * 2 * 64);
 }
 
 TEST_CASE("cuda: streams and a one-rank communicator (device copies, no NCCL)", "[cuda]") {

@@ -118,7 +118,7 @@ TEST_CASE("stash carver: a bf16 activation in place lies where the layout's orde
   CHECK(held_at[4] + 20 == held.size());  // 9 bf16 rounded up to 4 bytes, last
 }
 
-TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv, probabilities and attention output and Qwen3's q, k, "
+TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv and attention output and Qwen3's q, k, "
           "v, attention output and q, k before their norms (read by products, or as a held stash gives them back) are "
           "held in place too",
           "[bf16]") {
@@ -132,15 +132,15 @@ TEST_CASE("held stash: with bf16 matmul inputs, GPT-2's qkv, probabilities and a
     Model m = gpt(16);
     const Segment& attention = m.segments[1];
     REQUIRE(attention.type->name == "gpt2.attention");
-    const int64_t n = 3 * 16, C = 32, att = 3 * 4 * 16 * 16;  // 3 samples, 4 heads
+    const int64_t n = 3 * 16, C = 32, lse = 3 * 4 * 16;  // 3 samples, 4 heads
     const StashLayout fp32 = attention.type->stash_layout(attention, m.dims, 3);
     m.dims.bf16_matmul_inputs = true;
     const StashLayout bf16 = attention.type->stash_layout(attention, m.dims, 3);
-    // qkv (n,3C), the normed input and the attention's output (n,C) and the probabilities (b,H,T,T): all but the
-    // norm's statistics
-    CHECK(in_place(bf16) == uint64_t(3 * n * C + 2 * n * C + att) * 2);
-    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + 2 * n * C + att) * 4);
-    CHECK(bf16.view_bytes() == uint64_t(2 * n) * 4);
+    // qkv (n,3C), the normed input and the attention's output (n,C): all but the norm's statistics and the
+    // attention's log-sum-exps (b,H,T), which stay fp32 in the view
+    CHECK(in_place(bf16) == uint64_t(3 * n * C + 2 * n * C) * 2);
+    CHECK(fp32.view_bytes() - bf16.view_bytes() == uint64_t(3 * n * C + 2 * n * C) * 4);
+    CHECK(bf16.view_bytes() == uint64_t(2 * n + lse) * 4);
     CHECK(bf16.packed_bytes() == fp32.packed_bytes());
   }
   SECTION("qwen3") {

@@ -107,13 +107,14 @@ std::vector<double> layernorm_ref(const std::vector<TX>& x, const std::vector<TW
   return y;
 }
 
-// Causal multi-head attention over qkv(B,T,3C) (q | k | v, head h at columns h*hd); y(B,T,C); att(B,NH,T,T).
+// Causal multi-head attention over qkv(B,T,3C) (q | k | v, head h at columns h*hd); y(B,T,C); lse(B,NH,T), the
+// log-sum-exp of each query row's scores.
 template <typename TQ>
 std::vector<double> attention_ref(const std::vector<TQ>& qkv, int B, int T, int C, int NH,
-                                  std::vector<double>* att = nullptr) {
+                                  std::vector<double>* lse = nullptr) {
   const int hd = C / NH;
   std::vector<double> y(size_t(B) * T * C, 0.0);
-  if (att) att->assign(size_t(B) * NH * T * T, 0.0);
+  if (lse) lse->assign(size_t(B) * NH * T, 0.0);
   auto at = [&](int b, int t, int part, int h, int i) {
     return double(qkv[(size_t(b) * T + t) * 3 * C + size_t(part) * C + size_t(h) * hd + i]);
   };
@@ -130,9 +131,9 @@ std::vector<double> attention_ref(const std::vector<TQ>& qkv, int B, int T, int 
         }
         double z = 0;
         for (auto& e : s) z += (e = std::exp(e - mx));
+        if (lse) (*lse)[(size_t(b) * NH + h) * T + t] = mx + std::log(z);
         for (int j = 0; j <= t; ++j) {
           double p = s[size_t(j)] / z;
-          if (att) (*att)[((size_t(b) * NH + h) * T + t) * T + j] = p;
           for (int i = 0; i < hd; ++i) y[(size_t(b) * T + t) * C + size_t(h) * hd + i] += p * at(b, j, 2, h, i);
         }
       }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/act_store.hpp"
-#include "backend/cpu/attention_tiles.hpp"
+#include "backend/cpu/gqa_attention_tiles.hpp"
 #include "backend/cpu/bf16_gemm.hpp"
 #include "backend/cpu/cpu_parallel.hpp"
 #include "backend/cpu/vec_math.hpp"

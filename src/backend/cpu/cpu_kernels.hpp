@@ -28,10 +28,6 @@ class CpuKernels final : public Kernels {
                                 const float* w, int N, int C, bool accumulate) override;
   void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                  const float* rstd, int N, int C, bool accumulate) override;
-  void attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) override;
-  void attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att, float* scratch, int B,
-                          int T, int C, int NH) override;
-  size_t attention_scratch_floats(int B, int T, int C, int NH) const override;
   void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
@@ -43,10 +39,10 @@ class CpuKernels final : public Kernels {
                                bool accumulate) override;
   void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) override;
   void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
-                             int H, int KV, int D) override;
+                             int H, int KV, int D, HeadRows rows = {}) override;
   void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
                               ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T, int H,
-                              int KV, int D) override;
+                              int KV, int D, HeadRows rows = {}) override;
   size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override;
   void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) override;
   void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) override;

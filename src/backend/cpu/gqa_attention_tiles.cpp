@@ -1,15 +1,17 @@
-// Qwen3's grouped-query attention on AMX tiles (see gqa_attention_tiles.hpp): per query block, S = q kᵀ and
+// Grouped-query attention on AMX tiles (see gqa_attention_tiles.hpp): per query block, S = q kᵀ and
 // dP = dY vᵀ on the lower tiles, P·v and dS·k up to the diagonal, dkᵀ and dvᵀ summed over the group's blocks.
 #include "backend/cpu/gqa_attention_tiles.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/act_store.hpp"
 #include "backend/cpu/amx_tiles.hpp"
-#include "backend/cpu/attention_tiles.hpp"
 #include "backend/cpu/vec_math.hpp"
+#include "util/error.hpp"
 #include "util/precision.hpp"
 
 namespace piper {
@@ -40,13 +42,28 @@ thread_local GqaScratch t_gqa;
 
 }  // namespace
 
+bool bf16_attention_on_tiles() {
+  static const bool on = [] {
+    const char* env = std::getenv("PIPER_BF16_ATTENTION");
+    const std::string asked = env ? env : "";
+    if (!asked.empty() && asked != "tiles" && asked != "gemm")
+      throw UserError(cat("PIPER_BF16_ATTENTION = \"", asked, "\": expected \"tiles\" or \"gemm\" (or unset: tiles "
+                          "where the processor has AMX)"));
+    std::string why;
+    const bool available = amx_tiles_available(&why);
+    if (asked == "tiles" && !available) throw UserError(cat("PIPER_BF16_ATTENTION = \"tiles\" but ", why));
+    return available && asked != "gemm";
+  }();
+  return on;
+}
+
 bool gqa_fits_tiles(ConstAct q, ConstAct k, ConstAct v, int T, int D, int block) {
   return q.bf16 && k.bf16 && v.bf16 && T > 0 && T % 32 == 0 && D % 32 == 0 && block % 32 == 0 &&
          bf16_attention_on_tiles();
 }
 
-void gqa_head_forward_tiles(float* y, float* lse, const uint16_t* q, int qs, const uint16_t* k, const uint16_t* v,
-                            int ks, float* S, int block, int T, int D, float scale) {
+void gqa_head_forward_tiles(float* y, int ys, float* lse, const uint16_t* q, int qs, const uint16_t* k,
+                            const uint16_t* v, int ks, float* S, int block, int T, int D, float scale) {
   GqaScratch& s = t_gqa;
   s.fit(block, T, D);
   vnni_from_transposed(s.k_t.data(), k, ks, D, T);  // kᵀ (D,T)
@@ -70,7 +87,7 @@ void gqa_head_forward_tiles(float* y, float* lse, const uint16_t* q, int qs, con
       lse[i] = mx + std::log(sum);
     }
     // y_blk (rows,D) = P v[0:i1]
-    amx_product(rows, D, i1, s.p.data(), i1, s.v_rows.data(), y + int64_t(i0) * qs, qs,
+    amx_product(rows, D, i1, s.p.data(), i1, s.v_rows.data(), y + int64_t(i0) * ys, ys,
                 {.sums = TileSums::UpToRow, .row0 = i0});
   }
 }
@@ -84,21 +101,21 @@ void gqa_group_backward_tiles(const GqaGroup& g, float* P, float* dS, int block,
   std::fill(s.dkt.begin(), s.dkt.begin() + int64_t(T) * D, 0.f);
   std::fill(s.dvt.begin(), s.dvt.begin() + int64_t(T) * D, 0.f);
   for (int h = 0; h < g.G; ++h) {
-    const int64_t off = int64_t(h) * D;
+    const int64_t off = int64_t(h) * D;  // the head's columns in every operand
     const float* lh = g.lse + int64_t(h) * T;
     // Σ_j P_ij dP_ij = dy_i · y_i for every row first: independent loads of y's scattered rows, overlapped
     float* drow = s.drow.data();
     for (int i = 0; i < T; ++i) {
-      const float* __restrict gi = g.dy + off + int64_t(i) * g.qs;
-      cpu::with_storage(g.y.at(off + int64_t(i) * g.qs), [&](const auto* __restrict yi) {
+      const float* __restrict gi = g.dy + off + int64_t(i) * g.ys;
+      cpu::with_storage(g.y.at(off + int64_t(i) * g.ys), [&](const auto* __restrict yi) {
         drow[i] = vec::lane_sum(D, [&](int c) { return gi[c] * cpu::value(yi, c); });
       });
     }
     for (int i0 = 0; i0 < T; i0 += block) {
       const int i1 = std::min(T, i0 + block), rows = i1 - i0;
       const uint16_t* q_blk = g.q + off + int64_t(i0) * g.qs;  // (rows,D)
-      const float* dy_blk = g.dy + off + int64_t(i0) * g.qs;   // (rows,D)
-      round_rows(s.dy.data(), D, dy_blk, g.qs, rows, D);  // dY rounded (rows,D), and transposed
+      const float* dy_blk = g.dy + off + int64_t(i0) * g.ys;   // (rows,D)
+      round_rows(s.dy.data(), D, dy_blk, g.ys, rows, D);  // dY rounded (rows,D), and transposed
       transpose_bits(s.dyt.data(), s.dy.data(), D, rows, D);
       // P = exp(scale · q_blk kᵀ − lse) and dP = dY vᵀ on the lower tiles
       amx_product(rows, i1, D, q_blk, g.qs, s.k_t.data(), P, i1, {.lower_tiles_only = true, .row0 = i0, .ldb = T});

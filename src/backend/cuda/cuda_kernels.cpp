@@ -60,127 +60,12 @@ void gemm_bf16(CudaStream& stream, bool trans_a, bool trans_b, int M, int N, int
                             CUDA_R_16BF, a_ld, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// The same for `batch` independent products whose operands are `stride_*` floats apart.
-void gemm_batched(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                  int lda, long long stride_a, const float* B, int ldb, long long stride_b, float beta, float* C,
-                  int ldc, long long stride_c, int batch) {
-  if (M <= 0 || N <= 0 || batch <= 0) return;
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_32F, ldb, stride_b,
-                                          A, CUDA_R_32F, lda, stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// The same batched product with A and B bf16 (CUDA_R_16BF, as uint16 bits) and fp32 accumulation into the fp32 C,
-// alpha applied to the fp32 sums: the attention products of a bf16 run, on tensor cores.
-void gemm_batched_bf16(cublasHandle_t h, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                       const uint16_t* A, int lda, long long stride_a, const uint16_t* B, int ldb, long long stride_b,
-                       float beta, float* C, int ldc, long long stride_c, int batch) {
-  if (M <= 0 || N <= 0 || batch <= 0) return;
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_16BF, ldb, stride_b,
-                                          A, CUDA_R_16BF, lda, stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// Elements of bf16 workspace pieces, rounded up to 64 (128 bytes) so that the next piece is aligned.
-size_t aligned64(size_t n) { return (n + 63) / 64 * 64; }
-
-// An operand of n elements as bf16 bits: a bf16 activation as it is, fp32 rounded into `room`.
-const uint16_t* rounded_once(uint16_t* room, ConstAct a, size_t n, CudaStream& stream) {
-  if (a.bf16) return a.bits();
-  cuda::to_bf16(room, a.f32(), n, stream.stream());
-  return room;
-}
-
 // fp32 copies of q, k, v (or dy) as bf16 values: fp32 rounded, bf16 widened (exact).
 void rounded_f32(float* dst, ConstAct a, size_t n, cudaStream_t s) {
   if (a.bf16) cuda::from_bf16(dst, a.bits(), n, s);
   else cuda::round_bf16(dst, a.f32(), n, s);
 }
 
-// attention_forward in bf16 matmul precision: qkv rounded to bf16 once (unless it is bf16 already), S = scale · q kᵀ,
-// the fp32 softmax, y = P v with P rounded sample by sample. An fp32 att keeps the fp32 softmax (the workspace holds
-// qkv and one sample's rounded P: (B,T,3C) + (NH,T,T) bf16); a bf16 att, P rounded, each sample's softmax made in
-// the workspace ((B,T,3C) bf16 + (NH,T,T) fp32).
-void attention_forward_bf16(CudaStream& stream, float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) {
-  cublasHandle_t h = stream.blas();
-  const int hd = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const int C3 = 3 * C;
-  const long long TT = (long long)T * T;
-  const size_t n_qkv = size_t(B) * T * C3, n_p = size_t(NH) * TT;
-  auto* ws = static_cast<uint16_t*>(stream.workspace(sizeof(uint16_t) * (aligned64(n_qkv) + 2 * aligned64(n_p))));
-  uint16_t* p16 = ws + aligned64(n_qkv);  // (NH,T,T) bf16 of one sample, or (bf16 att) fp32 S of one sample
-  const uint16_t* qkv16 = rounded_once(ws, qkv, n_qkv, stream);
-  if (att.bf16) {
-    auto* S = reinterpret_cast<float*>(p16);  // (NH,T,T)
-    for (int b = 0; b < B; ++b) {
-      const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
-      const uint16_t* k = q + C;
-      const uint16_t* v = q + 2 * C;
-      uint16_t* P = att.bits() + (long long)b * NH * TT;  // (NH,T,T)
-      gemm_batched_bf16(h, false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.f, S, T, TT, NH);  // S = scale q k^T
-      cuda::causal_softmax_forward(S, (int64_t)NH * T, T, stream.stream());  // softmax, causal, fp32
-      cuda::to_bf16(P, S, n_p, stream.stream());                             // P rounded into att
-      float* yb = y + (long long)b * T * C;
-      gemm_batched_bf16(h, false, false, T, hd, T, 1.f, P, T, TT, v, C3, hd, 0.f, yb, C, hd, NH);  // y = P · v
-    }
-    return;
-  }
-  for (int b = 0; b < B; ++b) {
-    const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
-    const uint16_t* k = q + C;
-    float* S = att.f32() + (long long)b * NH * TT;  // (NH,T,T)
-    gemm_batched_bf16(h, false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.f, S, T, TT, NH);  // S = scale · q k^T
-  }
-  cuda::causal_softmax_forward(att.f32(), (int64_t)B * NH * T, T, stream.stream());  // P = softmax, causal, fp32
-  for (int b = 0; b < B; ++b) {
-    const uint16_t* v = qkv16 + (long long)b * T * C3 + 2 * C;
-    cuda::to_bf16(p16, att.f32() + (long long)b * NH * TT, n_p, stream.stream());  // after the last sample's product
-    float* yb = y + (long long)b * T * C;
-    gemm_batched_bf16(h, false, false, T, hd, T, 1.f, p16, T, TT, v, C3, hd, 0.f, yb, C, hd, NH);  // y = P · v
-  }
-}
-
-// attention_backward in bf16 matmul precision: qkv (unless bf16 already) and dy rounded once, P and dS of one sample
-// at a time (the workspace: (B,T,3C) + (B,T,C) + 2 (NH,T,T) bf16, and (NH,T,T) fp32 for a bf16 att widened);
-// dS = P ⊙ (dP − Σ P dP) from the fp32 (or widened) P and dP.
-void attention_backward_bf16(CudaStream& stream, float* dqkv, const float* dy, ConstAct qkv, ConstAct att,
-                             float* scratch, int B, int T, int C, int NH) {
-  cublasHandle_t h = stream.blas();
-  const int hd = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const int C3 = 3 * C;
-  const long long TT = (long long)T * T;
-  const size_t n_qkv = size_t(B) * T * C3, n_dy = size_t(B) * T * C, n_p = size_t(NH) * TT;
-  auto* ws = static_cast<uint16_t*>(stream.workspace(
-      sizeof(uint16_t) * (aligned64(n_qkv) + aligned64(n_dy) + 2 * aligned64(n_p) + (att.bf16 ? 2 * n_p : 0))));
-  uint16_t* dy16 = ws + aligned64(n_qkv);  // (B,T,C)
-  uint16_t* p16 = dy16 + aligned64(n_dy);  // (NH,T,T) of one sample
-  uint16_t* ds16 = p16 + aligned64(n_p);   // (NH,T,T) of one sample
-  auto* p32 = reinterpret_cast<float*>(ds16 + aligned64(n_p));  // (NH,T,T) fp32: a bf16 att widened
-  const uint16_t* qkv16 = rounded_once(ws, qkv, n_qkv, stream);
-  cuda::to_bf16(dy16, dy, n_dy, stream.stream());
-  float* dP = scratch;  // (NH,T,T): dP, then dS in place
-  for (int b = 0; b < B; ++b) {
-    const uint16_t* q = qkv16 + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
-    const uint16_t* k = q + C;
-    const uint16_t* v = q + 2 * C;
-    const float* P = att.bf16 ? p32 : att.f32() + (long long)b * NH * TT;  // (NH,T,T), fp32
-    const uint16_t* P16 = att.bf16 ? att.bits() + (long long)b * NH * TT : p16;  // (NH,T,T), bf16
-    const uint16_t* dY = dy16 + (long long)b * T * C;  // (T,C)
-    float* dq = dqkv + (long long)b * T * C3;          // (T,hd) per head, row stride 3C
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    if (att.bf16) cuda::from_bf16(p32, P16, n_p, stream.stream());
-    else cuda::to_bf16(p16, P, n_p, stream.stream());
-    gemm_batched_bf16(h, false, true, T, T, hd, 1.f, dY, C, hd, v, C3, hd, 0.f, dP, T, TT, NH);  // dP = dY · v^T
-    gemm_batched_bf16(h, true, false, T, hd, T, 1.f, P16, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);  // dv = P^T · dY
-    cuda::causal_softmax_backward(dP, P, (int64_t)NH * T, T, stream.stream());  // dS in place of dP, fp32
-    cuda::to_bf16(ds16, dP, n_p, stream.stream());
-    gemm_batched_bf16(h, false, false, T, hd, T, scale, ds16, T, TT, k, C3, hd, 0.f, dq, C3, hd, NH);  // dq = dS · k
-    gemm_batched_bf16(h, true, false, T, hd, T, scale, ds16, T, TT, q, C3, hd, 0.f, dk, C3, hd, NH);   // dk = dS^T q
-  }
-}
 
 // One row-major product C(M,N) = op(A)(M,K) · op(B)(K,N) + beta · C of a grouped gemm; K = 0 is C = beta · C,
 // which only beta = 0 (C = 0, contiguous) or 1 (nothing) may ask for. A and B may be bf16 activations in bf16
@@ -379,69 +264,6 @@ void CudaKernels::layernorm_backward_weight(float* dw, float* db, const float* d
   cuda::layernorm_backward_weight(dw, db, dy, x, mean, rstd, N, C, accumulate, partial, t.stream.stream());
 }
 
-void CudaKernels::attention_forward(float* y, Act att_act, ConstAct qkv_act, int B, int T, int C, int NH) {
-  Target t = target();
-  if (matmul_ == Precision::Bf16) return attention_forward_bf16(t.stream, y, att_act, qkv_act, B, T, C, NH);
-  PIPER_CHECK(!qkv_act.bf16 && !att_act.bf16, "attention_forward: a bf16 qkv or att in fp32 matmul precision");
-  const float* qkv = qkv_act.f32();
-  float* att = att_act.f32();
-  cublasHandle_t h = t.stream.blas();
-  const int hd = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const int C3 = 3 * C;
-  const long long TT = (long long)T * T;
-  // Per sample, batched over heads: head h of q, k, v is the column block [h·hd, (h+1)·hd) of its third.
-  for (int b = 0; b < B; ++b) {
-    const float* q = qkv + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
-    const float* k = q + C;
-    float* S = att + (long long)b * NH * TT;  // (NH,T,T)
-    gemm_batched(h, false, true, T, T, hd, scale, q, C3, hd, k, C3, hd, 0.f, S, T, TT, NH);  // S = scale · q k^T
-  }
-  cuda::causal_softmax_forward(att, (int64_t)B * NH * T, T, t.stream.stream());  // P = softmax, causal
-  for (int b = 0; b < B; ++b) {
-    const float* v = qkv + (long long)b * T * C3 + 2 * C;
-    const float* P = att + (long long)b * NH * TT;
-    float* yb = y + (long long)b * T * C;  // (T,C): head h at columns [h·hd, (h+1)·hd)
-    gemm_batched(h, false, false, T, hd, T, 1.f, P, T, TT, v, C3, hd, 0.f, yb, C, hd, NH);  // y = P · v
-  }
-}
-
-size_t CudaKernels::attention_scratch_floats(int, int T, int, int NH) const {
-  return size_t(NH) * T * T;  // dP, then dS, of one sample's heads; samples take turns
-}
-
-void CudaKernels::attention_backward(float* dqkv, const float* dy, ConstAct qkv_act, ConstAct att_act,
-                                     float* scratch, int B, int T, int C, int NH) {
-  Target t = target();
-  if (matmul_ == Precision::Bf16)
-    return attention_backward_bf16(t.stream, dqkv, dy, qkv_act, att_act, scratch, B, T, C, NH);
-  PIPER_CHECK(!qkv_act.bf16 && !att_act.bf16, "attention_backward: a bf16 qkv or att in fp32 matmul precision");
-  const float* qkv = qkv_act.f32();
-  const float* att = att_act.f32();
-  cublasHandle_t h = t.stream.blas();
-  const int hd = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const int C3 = 3 * C;
-  const long long TT = (long long)T * T;
-  // One sample at a time, batched over heads; the stream orders each sample's use of the scratch after the last.
-  float* dP = scratch;  // (NH,T,T): dP, then dS in place
-  for (int b = 0; b < B; ++b) {
-    const float* q = qkv + (long long)b * T * C3;  // (T,hd) per head, row stride 3C
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    const float* P = att + (long long)b * NH * TT;  // (NH,T,T)
-    const float* dY = dy + (long long)b * T * C;    // (T,C)
-    float* dq = dqkv + (long long)b * T * C3;       // (T,hd) per head, row stride 3C
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    gemm_batched(h, false, true, T, T, hd, 1.f, dY, C, hd, v, C3, hd, 0.f, dP, T, TT, NH);     // dP = dY · v^T
-    gemm_batched(h, true, false, T, hd, T, 1.f, P, T, TT, dY, C, hd, 0.f, dv, C3, hd, NH);     // dv = P^T · dY
-    cuda::causal_softmax_backward(dP, P, (int64_t)NH * T, T, t.stream.stream());               // dS in place of dP
-    gemm_batched(h, false, false, T, hd, T, scale, dP, T, TT, k, C3, hd, 0.f, dq, C3, hd, NH);  // dq = dS · k
-    gemm_batched(h, true, false, T, hd, T, scale, dP, T, TT, q, C3, hd, 0.f, dk, C3, hd, NH);   // dk = dS^T · q
-  }
-}
-
 void CudaKernels::embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
                                     int C) {
   Target t = target();
@@ -481,28 +303,39 @@ void CudaKernels::rope(float* x, int B, int T, int H, int D, float theta, bool i
   cuda::rope(x, B, T, H, D, theta, inverse, table, t.stream.stream());
 }
 
+namespace {
+
+// The elements a view of `rows` rows `stride` apart, each `width` wide, spans from its first.
+size_t view_span(int64_t rows, int64_t stride, int64_t width) {
+  return rows > 0 ? size_t((rows - 1) * stride + width) : 0;
+}
+
+}  // namespace
+
 void CudaKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
-                                        int H, int KV, int D) {
+                                        int H, int KV, int D, HeadRows rows) {
   Target t = target();
+  const HeadRows r = rows.resolved(H, KV, D);
   if (matmul_ == Precision::Bf16) {
     if (cuda::gqa_attention_bf16_supported(D)) {
-      cuda::gqa_attention_forward_bf16(y, lse, q, k, v, B, T, H, KV, D, t.stream.stream());
+      cuda::gqa_attention_forward_bf16(y, lse, q, k, v, B, T, H, KV, D, r.q, r.kv, t.stream.stream());
       return;
     }
     // Head dimensions over 128 (more than the tensor-core kernels hold in shared memory): the fp32 kernel on
-    // rounded copies of q, k, v, so that only its probabilities are not rounded for P·v.
-    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * KV * D;
+    // rounded copies of q, k, v (each over the span of its rows, at its row stride), so that only its
+    // probabilities are not rounded for P·v.
+    const size_t nq = view_span(int64_t(B) * T, r.q, int64_t(H) * D), nk = view_span(int64_t(B) * T, r.kv, int64_t(KV) * D);
     auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, nq + 2 * nk)));
     float* rk = rq + nq;
     float* rv = rk + nk;
     rounded_f32(rq, q, nq, t.stream.stream());
     rounded_f32(rk, k, nk, t.stream.stream());
     rounded_f32(rv, v, nk, t.stream.stream());
-    cuda::gqa_attention_forward(y, lse, rq, rk, rv, B, T, H, KV, D, t.stream.stream());
+    cuda::gqa_attention_forward(y, lse, rq, rk, rv, B, T, H, KV, D, r.q, r.kv, t.stream.stream());
     return;
   }
   PIPER_CHECK(!q.bf16 && !k.bf16 && !v.bf16, "gqa_attention_forward: bf16 q, k, v in fp32 matmul precision");
-  cuda::gqa_attention_forward(y, lse, q.f32(), k.f32(), v.f32(), B, T, H, KV, D, t.stream.stream());
+  cuda::gqa_attention_forward(y, lse, q.f32(), k.f32(), v.f32(), B, T, H, KV, D, r.q, r.kv, t.stream.stream());
 }
 
 size_t CudaKernels::gqa_attention_scratch_floats(int B, int T, int H, int, int) const {
@@ -511,30 +344,34 @@ size_t CudaKernels::gqa_attention_scratch_floats(int B, int T, int H, int, int) 
 
 void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
                                          ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T,
-                                         int H, int KV, int D) {
+                                         int H, int KV, int D, HeadRows rows) {
   Target t = target();
+  const HeadRows r = rows.resolved(H, KV, D);
   if (matmul_ == Precision::Bf16) {
     if (cuda::gqa_attention_bf16_supported(D)) {
-      cuda::gqa_attention_backward_bf16(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
+      cuda::gqa_attention_backward_bf16(dq, dk, dv, dy, q, k, v, y, lse, scratch, B, T, H, KV, D, r.q, r.kv,
+                                        t.stream.stream());
       return;
     }
     // Head dimensions over 128: the fp32 kernels on rounded copies of q, k, v, dy (P and dS not rounded, and
     // Σ P dP taken as the rounded dy · y).
-    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * KV * D;
-    auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, 2 * nq + 2 * nk)));
+    const size_t nq = view_span(int64_t(B) * T, r.q, int64_t(H) * D), nk = view_span(int64_t(B) * T, r.kv, int64_t(KV) * D);
+    const size_t ny = size_t(B) * T * H * D;
+    auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, nq + ny + 2 * nk)));
     float* rdy = rq + nq;
-    float* rk = rdy + nq;
+    float* rk = rdy + ny;
     float* rv = rk + nk;
     rounded_f32(rq, q, nq, t.stream.stream());
-    cuda::round_bf16(rdy, dy, nq, t.stream.stream());
+    cuda::round_bf16(rdy, dy, ny, t.stream.stream());
     rounded_f32(rk, k, nk, t.stream.stream());
     rounded_f32(rv, v, nk, t.stream.stream());
-    cuda::gqa_attention_backward(dq, dk, dv, rdy, rq, rk, rv, y, lse, scratch, B, T, H, KV, D, t.stream.stream());
+    cuda::gqa_attention_backward(dq, dk, dv, rdy, rq, rk, rv, y, lse, scratch, B, T, H, KV, D, r.q, r.kv,
+                                 t.stream.stream());
     return;
   }
   PIPER_CHECK(!q.bf16 && !k.bf16 && !v.bf16, "gqa_attention_backward: bf16 q, k, v in fp32 matmul precision");
-  cuda::gqa_attention_backward(dq, dk, dv, dy, q.f32(), k.f32(), v.f32(), y, lse, scratch, B, T, H, KV, D,
-                               t.stream.stream());
+  cuda::gqa_attention_backward(dq, dk, dv, dy, q.f32(), k.f32(), v.f32(), y, lse, scratch, B, T, H, KV, D, r.q,
+                               r.kv, t.stream.stream());
 }
 
 void CudaKernels::swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) {

@@ -1,7 +1,6 @@
 // CUDA implementation of the compute primitives: cuBLAS fp32 gemms (no TF32; bf16 operands on tensor cores in a
-// bf16 run's linear layers and GPT-2 attention) for every matmul and the backend's own kernels (cuda_launch.hpp;
-// wmma tensor-core kernels for a bf16 run's grouped-query attention) for the rest. Work goes to the calling
-// thread's bound stream.
+// bf16 run's linear layers) for the linear layers and the backend's own kernels (cuda_launch.hpp; flash-style
+// attention, on wmma tensor cores in a bf16 run) for the rest. Work goes to the calling thread's bound stream.
 #pragma once
 #include <mutex>
 
@@ -25,7 +24,7 @@ class CudaKernels final : public Kernels {
   void set_matmul_precision(Precision p) override { matmul_ = p; }
   std::string bf16_matmul_path() const override {
     return "cuBLAS gemm of bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F, tensor cores); grouped-query "
-           "attention: wmma bf16 kernels with fp32 accumulators";
+           "attention: flash-style wmma bf16 kernels with fp32 accumulators";
   }
 
   void linear_forward(float* y, ConstAct x, const float* w, const float* b, int N, int C, int OC) override;
@@ -45,10 +44,6 @@ class CudaKernels final : public Kernels {
                                 const float* w, int N, int C, bool accumulate) override;
   void layernorm_backward_weight(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                  const float* rstd, int N, int C, bool accumulate) override;
-  void attention_forward(float* y, Act att, ConstAct qkv, int B, int T, int C, int NH) override;
-  void attention_backward(float* dqkv, const float* dy, ConstAct qkv, ConstAct att, float* scratch, int B,
-                          int T, int C, int NH) override;
-  size_t attention_scratch_floats(int B, int T, int C, int NH) const override;
   void embedding_forward(float* x, const int32_t* tok, const float* wte, const float* wpe, int B, int T,
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tok, int B, int T, int C, int V,
@@ -60,10 +55,10 @@ class CudaKernels final : public Kernels {
                                bool accumulate) override;
   void rope(float* x, int B, int T, int H, int D, float theta, bool inverse) override;
   void gqa_attention_forward(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
-                             int H, int KV, int D) override;
+                             int H, int KV, int D, HeadRows rows = {}) override;
   void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
                               ConstAct v, ConstAct y, const float* lse, float* scratch, int B, int T, int H,
-                              int KV, int D) override;
+                              int KV, int D, HeadRows rows = {}) override;
   size_t gqa_attention_scratch_floats(int B, int T, int H, int KV, int D) const override;
   void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n) override;
   void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n) override;

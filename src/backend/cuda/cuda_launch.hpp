@@ -48,12 +48,6 @@ void add(float* y, const float* a, const float* b, size_t n, cudaStream_t s);
 void accumulate(float* y, const float* x, size_t n, cudaStream_t s);
 void fill(float* y, float value, size_t n, cudaStream_t s);
 
-// ---- attention_kernels.cu ----
-// In place on rows(rows,T) of scores, row r at causal position t = r % T: softmax over [0,t], zeros after.
-void causal_softmax_forward(float* att, int64_t rows, int T, cudaStream_t s);
-// dP(rows,T) → dS = P ⊙ (dP − Σ_j P·dP) over [0,t], zeros after; in place on dP.
-void causal_softmax_backward(float* dp, const float* p, int64_t rows, int T, cudaStream_t s);
-
 // ---- rmsnorm_rope_swiglu_kernels.cu ----
 // y(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(mean x² + eps); one block per row
 void rmsnorm_forward(Act y, float* rstd, ConstAct x, const float* w, int N, int C, float eps, cudaStream_t s);
@@ -73,13 +67,14 @@ void swiglu_forward(Act a, ConstAct g, ConstAct u, size_t n, cudaStream_t s);
 void swiglu_backward(Act dg, Act du, const float* da, ConstAct g, ConstAct u, size_t n, cudaStream_t s);
 
 // ---- gqa_attention_kernels.cu ----
-// Causal grouped-query attention: q(B,T,H,D), k, v(B,T,KV,D) → y(B,T,H,D), lse(B,H,T). D ≤ 256.
+// Causal grouped-query attention: q(B,T,H,D), k, v(B,T,KV,D) → y(B,T,H,D), lse(B,H,T). D ≤ 256. Rows of q (and
+// dq) are qs elements apart, of k and v (and dk, dv) ks apart (Kernels' HeadRows, resolved); y and dy are packed.
 void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T, int H,
-                           int KV, int D, cudaStream_t s);
+                           int KV, int D, int64_t qs, int64_t ks, cudaStream_t s);
 // dq(B,T,H,D), dk, dv(B,T,KV,D) written from dy(B,T,H,D); drow: B·H·T floats of scratch (dy·y per query row)
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
                             const float* v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
-                            int KV, int D, cudaStream_t s);
+                            int KV, int D, int64_t qs, int64_t ks, cudaStream_t s);
 // drow(B,H,T) = dy · y of every query row (fp32): the first step of either backward
 void gqa_attention_drow(float* drow, const float* dy, ConstAct y, int B, int T, int H, int D, cudaStream_t s);
 
@@ -91,12 +86,12 @@ bool gqa_attention_bf16_supported(int D);
 // the fp32 online softmax's exp(s − running max) rounded for P·v with v rounded. D: gqa_attention_bf16_supported.
 // q, k, v: fp32 (rounded as they are loaded) or bf16 activations (loaded as they are), all three at one width.
 void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T,
-                                int H, int KV, int D, cudaStream_t s);
+                                int H, int KV, int D, int64_t qs, int64_t ks, cudaStream_t s);
 // As gqa_attention_backward with q, k, v, dy and the recomputed P and dS rounded as the products' operands; dk, dv
 // without atomics (deterministic). drow: B·H·T floats of scratch.
 void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
                                  ConstAct v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
-                                 int KV, int D, cudaStream_t s);
+                                 int KV, int D, int64_t qs, int64_t ks, cudaStream_t s);
 // dst(n) = src rounded to bf16 (nearest, ties to even), kept as fp32; dst may be src
 void round_bf16(float* dst, const float* src, size_t n, cudaStream_t s);
 

@@ -1,5 +1,7 @@
-// Causal grouped-query attention of a bf16 run's matmul precision on tensor cores: q, k, v (fp32 rounded, or bf16
-// activations as they are) and dy rounded to bf16 into shared memory, every product nvcuda::wmma 16×16×16 with fp32 accumulators; softmax and its statistics in fp32.
+// Causal grouped-query attention (GPT-2's multi-head one: KV = H) of a bf16 run's matmul precision on tensor cores,
+// flash style: q, k, v (fp32 rounded, or bf16 activations as they are) and dy rounded to bf16 into shared memory,
+// every product nvcuda::wmma 16×16×16 with fp32 accumulators; softmax and its statistics in fp32. q (and dq) rows
+// are qstride elements apart, k and v (and dk, dv) kstride apart; y and dy are packed (H·D).
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -30,9 +32,10 @@ using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;  // B(k,n) at [n·ld + k]: Xᵀ
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Offsets of one (sequence, head) in x(B,T,heads,D): row i of it is at + i · heads · D.
-__device__ inline int64_t head_offset(int b, int head, int T, int heads, int D) {
-  return int64_t(b) * T * heads * D + int64_t(head) * D;
+// Offset of one (sequence, head) in x(B,T,heads,D) whose rows are `stride` elements apart (heads · D packed): row i
+// of it is at + i · stride.
+__device__ inline int64_t head_offset(int b, int head, int T, int64_t stride, int D) {
+  return int64_t(b) * T * stride + int64_t(head) * D;
 }
 
 // The head dimension D padded with zero columns to a multiple of 16, the k of the wmma products.
@@ -117,7 +120,7 @@ struct ForwardSmem {
 template <typename In>
 __global__ void __launch_bounds__(kWarps * 32)
     gqa_forward_bf16_kernel(float* y, float* lse, const In* q, const In* k, const In* v, int T, int H, int KV, int D,
-                            float scale) {
+                            int64_t qstride, int64_t kstride, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const ForwardSmem L(D);
   const int Dp = padded(D);  // the columns of the shared tiles, D and zeros
@@ -131,10 +134,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (H / KV);
   const int i0 = blockIdx.x * kBlockRows, r0 = warp * 16;  // the block's first row; the warp's first in the block
-  const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const In* kb = k + head_offset(b, kvh, T, KV, D);
-  const In* vb = v + head_offset(b, kvh, T, KV, D);
-  load_rows_bf16(qs, ldh, q + head_offset(b, h, T, H, D), qstride, i0, kBlockRows, T, D);
+  const int64_t ystride = int64_t(H) * D;
+  const In* kb = k + head_offset(b, kvh, T, kstride, D);
+  const In* vb = v + head_offset(b, kvh, T, kstride, D);
+  load_rows_bf16(qs, ldh, q + head_offset(b, h, T, qstride, D), qstride, i0, kBlockRows, T, D);
   zero_rows(os, ldo, kBlockRows, Dp);
   float m_run[16], l_run[16];  // the warp's rows: running max and sum (every lane holds them)
 #pragma unroll
@@ -199,14 +202,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
   if (i0 + r0 >= T) return;
-  float* yb = y + head_offset(b, h, T, H, D);
+  float* yb = y + head_offset(b, h, T, ystride, D);
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int i = i0 + r0 + r;
     if (i < T) {
       const float inv = 1.0f / l_run[r];
       const float* orow = os + (r0 + r) * ldo;
-      for (int c = lane; c < D; c += 32) yb[int64_t(i) * qstride + c] = orow[c] * inv;
+      for (int c = lane; c < D; c += 32) yb[int64_t(i) * ystride + c] = orow[c] * inv;
       if (lane == 0) lse[(int64_t(b) * H + h) * T + i] = m_run[r] + logf(l_run[r]);
     }
   }
@@ -237,7 +240,8 @@ struct DqSmem {
 template <typename In>
 __global__ void __launch_bounds__(kWarps * 32)
     gqa_dq_bf16_kernel(float* dq, const float* dy, const In* q, const In* k, const In* v, const float* lse,
-                       const float* drow, int T, int H, int KV, int D, float scale) {
+                       const float* drow, int T, int H, int KV, int D, int64_t qstride, int64_t kstride,
+                       float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const DqSmem L(D);
   const int Dp = padded(D);  // the columns of the shared tiles, D and zeros
@@ -253,12 +257,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (H / KV);
   const int i0 = blockIdx.x * kBlockRows, r0 = warp * 16;
-  const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const int64_t qoff = head_offset(b, h, T, H, D);
-  const In* kb = k + head_offset(b, kvh, T, KV, D);
-  const In* vb = v + head_offset(b, kvh, T, KV, D);
+  const int64_t ystride = int64_t(H) * D;
+  const int64_t qoff = head_offset(b, h, T, qstride, D), yoff = head_offset(b, h, T, ystride, D);
+  const In* kb = k + head_offset(b, kvh, T, kstride, D);
+  const In* vb = v + head_offset(b, kvh, T, kstride, D);
   load_rows_bf16(qs, ldh, q + qoff, qstride, i0, kBlockRows, T, D);
-  load_rows_bf16(gs, ldh, dy + qoff, qstride, i0, kBlockRows, T, D);
+  load_rows_bf16(gs, ldh, dy + yoff, ystride, i0, kBlockRows, T, D);
   zero_rows(accs, lda, kBlockRows, Dp);
   const int64_t stat0 = (int64_t(b) * H + h) * T;  // (B,H,T) index of row 0
   float l_row[16], d_row[16];                      // lse and drow of the warp's rows
@@ -345,7 +349,8 @@ struct DkdvSmem {
 template <typename In>
 __global__ void __launch_bounds__(kWarps * 32)
     gqa_dkdv_bf16_kernel(float* dk, float* dv, const float* dy, const In* q, const In* k, const In* v,
-                         const float* lse, const float* drow, int T, int H, int KV, int D, float scale) {
+                         const float* lse, const float* drow, int T, int H, int KV, int D, int64_t qstride,
+                         int64_t kstride, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const DkdvSmem L(D);
   const int Dp = padded(D);  // the columns of the shared tiles, D and zeros
@@ -366,19 +371,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int b = blockIdx.z, kvh = blockIdx.y, G = H / KV;
   const int j0 = blockIdx.x * kBlockRows, r0 = warp * 16;
   const int jw = j0 + r0;  // the warp's first key
-  const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const int64_t koff = head_offset(b, kvh, T, KV, D);
+  const int64_t ystride = int64_t(H) * D;
+  const int64_t koff = head_offset(b, kvh, T, kstride, D);
   load_rows_bf16(ks, ldh, k + koff, kstride, j0, kBlockRows, T, D);
   load_rows_bf16(vs, ldh, v + koff, kstride, j0, kBlockRows, T, D);
   zero_rows(dks, lda, kBlockRows, Dp);
   zero_rows(dvs, lda, kBlockRows, Dp);
   for (int h = kvh * G; h < (kvh + 1) * G; ++h) {
-    const int64_t qoff = head_offset(b, h, T, H, D);
+    const int64_t qoff = head_offset(b, h, T, qstride, D), yoff = head_offset(b, h, T, ystride, D);
     const int64_t stat0 = (int64_t(b) * H + h) * T;
     for (int i0 = j0; i0 < T; i0 += kQueryTile) {
       __syncthreads();  // the previous tile is consumed (and K, V, the accumulators are written)
       load_rows_bf16(qs, ldh, q + qoff, qstride, i0, kQueryTile, T, D);
-      load_rows_bf16(gs, ldh, dy + qoff, qstride, i0, kQueryTile, T, D);
+      load_rows_bf16(gs, ldh, dy + yoff, ystride, i0, kQueryTile, T, D);
       if (threadIdx.x < kQueryTile) {
         const int i = i0 + int(threadIdx.x);
         lt[threadIdx.x] = i < T ? lse[stat0 + i] : 0.f;
@@ -481,7 +486,7 @@ const bf16* bf16_of(ConstAct a) { return reinterpret_cast<const bf16*>(a.bits())
 }  // namespace
 
 void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, ConstAct v, int B, int T, int H,
-                                int KV, int D, cudaStream_t s) {
+                                int KV, int D, int64_t qs, int64_t ks, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(gqa_attention_bf16_supported(D), "bf16 gqa attention: head dimension ", D, " is not in [1, ", kMaxD,
               "]");
@@ -490,15 +495,15 @@ void gqa_attention_forward_bf16(float* y, float* lse, ConstAct q, ConstAct k, Co
   const float scale = 1.0f / sqrtf(float(D));
   if (bf16_inputs(q, k, v))
     launch(gqa_forward_bf16_kernel<bf16>, grid, ForwardSmem(D).bytes, s, y, lse, bf16_of(q), bf16_of(k), bf16_of(v),
-           T, H, KV, D, scale);
+           T, H, KV, D, qs, ks, scale);
   else
     launch(gqa_forward_bf16_kernel<float>, grid, ForwardSmem(D).bytes, s, y, lse, q.f32(), k.f32(), v.f32(), T, H,
-           KV, D, scale);
+           KV, D, qs, ks, scale);
 }
 
 void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, ConstAct q, ConstAct k,
                                  ConstAct v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
-                                 int KV, int D, cudaStream_t s) {
+                                 int KV, int D, int64_t qs, int64_t ks, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(gqa_attention_bf16_supported(D), "bf16 gqa attention: head dimension ", D, " is not in [1, ", kMaxD,
               "]");
@@ -509,14 +514,14 @@ void gqa_attention_backward_bf16(float* dq, float* dk, float* dv, const float* d
   const float* rows = drow;
   if (bf16_inputs(q, k, v)) {
     launch(gqa_dq_bf16_kernel<bf16>, dq_grid, DqSmem(D).bytes, s, dq, dy, bf16_of(q), bf16_of(k), bf16_of(v), lse,
-           rows, T, H, KV, D, scale);
+           rows, T, H, KV, D, qs, ks, scale);
     launch(gqa_dkdv_bf16_kernel<bf16>, dkdv_grid, DkdvSmem(D).bytes, s, dk, dv, dy, bf16_of(q), bf16_of(k),
-           bf16_of(v), lse, rows, T, H, KV, D, scale);
+           bf16_of(v), lse, rows, T, H, KV, D, qs, ks, scale);
   } else {
     launch(gqa_dq_bf16_kernel<float>, dq_grid, DqSmem(D).bytes, s, dq, dy, q.f32(), k.f32(), v.f32(), lse, rows, T,
-           H, KV, D, scale);
+           H, KV, D, qs, ks, scale);
     launch(gqa_dkdv_bf16_kernel<float>, dkdv_grid, DkdvSmem(D).bytes, s, dk, dv, dy, q.f32(), k.f32(), v.f32(), lse,
-           rows, T, H, KV, D, scale);
+           rows, T, H, KV, D, qs, ks, scale);
   }
 }
 

@@ -1,5 +1,6 @@
 // CUDA causal grouped-query attention without T×T buffers: the forward and the dq pass run one warp per query
 // row (8 rows a block) over shared-memory tiles of 32 keys; dk/dv run one warp per key row over tiles of queries.
+// q (and dq) rows are qstride elements apart, k and v (and dk, dv) kstride apart; y and dy are packed (H·D).
 #include <cmath>
 
 #include "backend/cuda/cuda_common.hpp"
@@ -14,9 +15,10 @@ constexpr int kRows = 8;    // warps per block: query rows (forward, dq) or key 
 constexpr int kTile = 32;   // keys (forward, dq) or queries (dk, dv) per shared-memory tile: one per lane
 constexpr int kMaxD = 256;  // head dimension limit: columns c = lane + 32u, u < NPL ≤ 8, live in registers
 
-// Offsets of one (sequence, head) in x(B,T,heads,D): row i of it is at + i · heads · D.
-__device__ inline int64_t head_offset(int b, int head, int T, int heads, int D) {
-  return int64_t(b) * T * heads * D + int64_t(head) * D;
+// Offset of one (sequence, head) in x(B,T,heads,D) whose rows are `stride` elements apart (heads · D packed): row i
+// of it is at + i · stride.
+__device__ inline int64_t head_offset(int b, int head, int T, int64_t stride, int D) {
+  return int64_t(b) * T * stride + int64_t(head) * D;
 }
 
 // Copies rows [r0, r0 + n) of a (T, D) view with row stride `stride` into dst(n, ld); rows past T are zero.
@@ -33,7 +35,7 @@ __device__ inline void load_rows(float* dst, int ld, const float* src, int64_t s
 template <int NPL>
 __global__ void __launch_bounds__(kRows * 32)
     gqa_forward_kernel(float* y, float* lse, const float* q, const float* k, const float* v, int T, int H, int KV,
-                       int D, float scale) {
+                       int D, int64_t qstride, int64_t kstride, float scale) {
   extern __shared__ float smem[];
   const int ld = D + 1;                  // padded rows: lane l reading row l, column c hits distinct banks
   float* ks = smem;                      // (kTile, ld) keys of the tile
@@ -42,10 +44,10 @@ __global__ void __launch_bounds__(kRows * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (H / KV);
   const int i0 = blockIdx.x * kRows, i = i0 + warp;
-  const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const float* qb = q + head_offset(b, h, T, H, D);
-  const float* kb = k + head_offset(b, kvh, T, KV, D);
-  const float* vb = v + head_offset(b, kvh, T, KV, D);
+  const int64_t ystride = int64_t(H) * D;
+  const float* qb = q + head_offset(b, h, T, qstride, D);
+  const float* kb = k + head_offset(b, kvh, T, kstride, D);
+  const float* vb = v + head_offset(b, kvh, T, kstride, D);
   load_rows(qsm, D, qb, qstride, i0, kRows, T, D);
   float m = -INFINITY, l = 0.f, o[NPL];
   #pragma unroll
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(kRows * 32)
   }
   if (i < T) {
     const float inv = 1.0f / l;
-    float* yr = y + head_offset(b, h, T, H, D) + int64_t(i) * qstride;
+    float* yr = y + head_offset(b, h, T, ystride, D) + int64_t(i) * ystride;
     #pragma unroll
     for (int u = 0; u < NPL; ++u) {
       const int c = lane + 32 * u;
@@ -104,7 +106,7 @@ __global__ void gqa_drow_kernel(float* drow, const float* dy, const In* y, int64
   if (w >= rows) return;
   const int lane = threadIdx.x & 31;
   const int i = int(w % T), h = int((w / T) % H), b = int(w / (int64_t(T) * H));
-  const int64_t off = head_offset(b, h, T, H, D) + int64_t(i) * H * D;
+  const int64_t off = head_offset(b, h, T, int64_t(H) * D, D) + int64_t(i) * H * D;
   float s = 0.f;
   for (int c = lane; c < D; c += 32) s += dy[off + c] * load_value(y, off + c);
   s = warp_sum(s);
@@ -117,7 +119,7 @@ __global__ void gqa_drow_kernel(float* drow, const float* dy, const In* y, int64
 template <int NPL>
 __global__ void __launch_bounds__(kRows * 32)
     gqa_dq_kernel(float* dq, const float* dy, const float* q, const float* k, const float* v, const float* lse,
-                  const float* drow, int T, int H, int KV, int D, float scale) {
+                  const float* drow, int T, int H, int KV, int D, int64_t qstride, int64_t kstride, float scale) {
   extern __shared__ float smem[];
   const int ld = D + 1;
   float* ks = smem;               // (kTile, ld)
@@ -127,12 +129,12 @@ __global__ void __launch_bounds__(kRows * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.z, h = blockIdx.y, kvh = h / (H / KV);
   const int i0 = blockIdx.x * kRows, i = i0 + warp;
-  const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const int64_t qoff = head_offset(b, h, T, H, D);
-  const float* kb = k + head_offset(b, kvh, T, KV, D);
-  const float* vb = v + head_offset(b, kvh, T, KV, D);
+  const int64_t ystride = int64_t(H) * D;
+  const int64_t qoff = head_offset(b, h, T, qstride, D), yoff = head_offset(b, h, T, ystride, D);
+  const float* kb = k + head_offset(b, kvh, T, kstride, D);
+  const float* vb = v + head_offset(b, kvh, T, kstride, D);
   load_rows(qsm, D, q + qoff, qstride, i0, kRows, T, D);
-  load_rows(gsm, D, dy + qoff, qstride, i0, kRows, T, D);
+  load_rows(gsm, D, dy + yoff, ystride, i0, kRows, T, D);
   const int64_t stat = (int64_t(b) * H + h) * T + i;  // (B,H,T) index of row i
   const float li = i < T ? lse[stat] : 0.f, di = i < T ? drow[stat] : 0.f;
   float acc[NPL];
@@ -188,7 +190,8 @@ __global__ void __launch_bounds__(kRows * 32)
 template <int NPL>
 __global__ void __launch_bounds__(kRows * 32)
     gqa_dkdv_kernel(float* dk, float* dv, const float* dy, const float* q, const float* k, const float* v,
-                    const float* lse, const float* drow, int T, int H, int KV, int D, float scale) {
+                    const float* lse, const float* drow, int T, int H, int KV, int D, int64_t qstride,
+                    int64_t kstride, float scale) {
   extern __shared__ float smem[];
   const int ld = D + 1;
   float* qt = smem;                // (kTile, ld) query rows of the tile
@@ -200,20 +203,20 @@ __global__ void __launch_bounds__(kRows * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.z, kvh = blockIdx.y, G = H / KV;
   const int j0 = blockIdx.x * kRows, j = j0 + warp;
-  const int64_t qstride = int64_t(H) * D, kstride = int64_t(KV) * D;
-  const int64_t koff = head_offset(b, kvh, T, KV, D);
+  const int64_t ystride = int64_t(H) * D;
+  const int64_t koff = head_offset(b, kvh, T, kstride, D);
   load_rows(ksm, D, k + koff, kstride, j0, kRows, T, D);
   load_rows(vsm, D, v + koff, kstride, j0, kRows, T, D);
   float acc_k[NPL], acc_v[NPL];
   #pragma unroll
   for (int u = 0; u < NPL; ++u) acc_k[u] = acc_v[u] = 0.f;
   for (int h = kvh * G; h < (kvh + 1) * G; ++h) {
-    const int64_t qoff = head_offset(b, h, T, H, D);
+    const int64_t qoff = head_offset(b, h, T, qstride, D), yoff = head_offset(b, h, T, ystride, D);
     const int64_t stat0 = (int64_t(b) * H + h) * T;
     for (int i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
       __syncthreads();  // the previous tile is consumed (and the key rows are loaded)
       load_rows(qt, ld, q + qoff, qstride, i0, kTile, T, D);
-      load_rows(gt, ld, dy + qoff, qstride, i0, kTile, T, D);
+      load_rows(gt, ld, dy + yoff, ystride, i0, kTile, T, D);
       if (threadIdx.x < kTile) {
         const int i = i0 + int(threadIdx.x);
         lt[threadIdx.x] = i < T ? lse[stat0 + i] : 0.f;
@@ -285,36 +288,36 @@ int lanes_per_row(int D) {
 
 template <int NPL>
 void forward_npl(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T, int H, int KV,
-                 int D, float scale, cudaStream_t s) {
+                 int D, int64_t qs, int64_t ks, float scale, cudaStream_t s) {
   const size_t bytes = sizeof(float) * (2 * size_t(kTile) * (D + 1) + size_t(kRows) * D);
   dim3 grid((T + kRows - 1) / kRows, H, B);
-  launch(gqa_forward_kernel<NPL>, grid, bytes, s, y, lse, q, k, v, T, H, KV, D, scale);
+  launch(gqa_forward_kernel<NPL>, grid, bytes, s, y, lse, q, k, v, T, H, KV, D, qs, ks, scale);
 }
 
 template <int NPL>
 void backward_npl(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k, const float* v,
-                  const float* lse, const float* drow, int B, int T, int H, int KV, int D, float scale,
-                  cudaStream_t s) {
+                  const float* lse, const float* drow, int B, int T, int H, int KV, int D, int64_t qs, int64_t ks,
+                  float scale, cudaStream_t s) {
   const size_t dq_bytes = sizeof(float) * (2 * size_t(kTile) * (D + 1) + 2 * size_t(kRows) * D);
   launch(gqa_dq_kernel<NPL>, dim3((T + kRows - 1) / kRows, H, B), dq_bytes, s, dq, dy, q, k, v, lse, drow, T, H,
-         KV, D, scale);
+         KV, D, qs, ks, scale);
   const size_t kv_bytes = sizeof(float) * (2 * size_t(kTile) * (D + 1) + 2 * size_t(kRows) * D + 2 * size_t(kTile));
   launch(gqa_dkdv_kernel<NPL>, dim3((T + kRows - 1) / kRows, KV, B), kv_bytes, s, dk, dv, dy, q, k, v, lse, drow,
-         T, H, KV, D, scale);
+         T, H, KV, D, qs, ks, scale);
 }
 
 }  // namespace
 
 void gqa_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v, int B, int T, int H,
-                           int KV, int D, cudaStream_t s) {
+                           int KV, int D, int64_t qs, int64_t ks, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(B <= 65535 && H <= 65535, "gqa attention: batch ", B, " or heads ", H, " exceed the grid");
   const float scale = 1.0f / sqrtf(float(D));
   switch (lanes_per_row(D)) {
-    case 1: forward_npl<1>(y, lse, q, k, v, B, T, H, KV, D, scale, s); break;
-    case 2: forward_npl<2>(y, lse, q, k, v, B, T, H, KV, D, scale, s); break;
-    case 4: forward_npl<4>(y, lse, q, k, v, B, T, H, KV, D, scale, s); break;
-    default: forward_npl<8>(y, lse, q, k, v, B, T, H, KV, D, scale, s); break;
+    case 1: forward_npl<1>(y, lse, q, k, v, B, T, H, KV, D, qs, ks, scale, s); break;
+    case 2: forward_npl<2>(y, lse, q, k, v, B, T, H, KV, D, qs, ks, scale, s); break;
+    case 4: forward_npl<4>(y, lse, q, k, v, B, T, H, KV, D, qs, ks, scale, s); break;
+    default: forward_npl<8>(y, lse, q, k, v, B, T, H, KV, D, qs, ks, scale, s); break;
   }
 }
 
@@ -329,17 +332,17 @@ void gqa_attention_drow(float* drow, const float* dy, ConstAct y, int B, int T, 
 
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* q, const float* k,
                             const float* v, ConstAct y, const float* lse, float* drow, int B, int T, int H,
-                            int KV, int D, cudaStream_t s) {
+                            int KV, int D, int64_t qs, int64_t ks, cudaStream_t s) {
   if (B <= 0 || T <= 0 || H <= 0) return;
   PIPER_CHECK(B <= 65535 && H <= 65535, "gqa attention: batch ", B, " or heads ", H, " exceed the grid");
   const float scale = 1.0f / sqrtf(float(D));
   const int npl = lanes_per_row(D);
   gqa_attention_drow(drow, dy, y, B, T, H, D, s);
   switch (npl) {
-    case 1: backward_npl<1>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, scale, s); break;
-    case 2: backward_npl<2>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, scale, s); break;
-    case 4: backward_npl<4>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, scale, s); break;
-    default: backward_npl<8>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, scale, s); break;
+    case 1: backward_npl<1>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, qs, ks, scale, s); break;
+    case 2: backward_npl<2>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, qs, ks, scale, s); break;
+    case 4: backward_npl<4>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, qs, ks, scale, s); break;
+    default: backward_npl<8>(dq, dk, dv, dy, q, k, v, lse, drow, B, T, H, KV, D, qs, ks, scale, s); break;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "model/act_output.hpp"
+#include "model/attention_scratch.hpp"
 #include "model/product_gradient.hpp"
 #include "model/stash_carver.hpp"
 #include "model/vocab_shard.hpp"
@@ -22,11 +23,13 @@ const size_t f = sizeof(float), i32 = sizeof(int32_t);  // token and target ids 
 // A block half's shapes on one rank of a tensor-parallel group of `shards` (tp_refusal says they divide): H of the
 // NH heads, A = H·(C/NH) columns of each of q, k and v (and of the attention output), F hidden units.
 struct Shape {
-  int b, T, n, C, H, A, F;
+  int b, T, n, C, H, A, F, D;
   bool bf16;  // the activations only matmuls read are bf16 (ModelDims::bf16_matmul_inputs)
   Shape(const ModelDims& d, int samples, int shards)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), H(d.n_heads / shards),
-        A(d.d_model / shards), F(d.d_ff / shards), bf16(d.bf16_matmul_inputs) {}
+        A(d.d_model / shards), F(d.d_ff / shards), D(d.d_model / d.n_heads), bf16(d.bf16_matmul_inputs) {}
+  // q, k and v as views of the fused qkv (n,3A): rows 3A apart, k at +A, v at +2A (Kernels::gqa_attention_*)
+  HeadRows fused() const { return {3 * int64_t(A), 3 * int64_t(A)}; }
 };
 
 // The embedding and the tied LM head use their rows of wte (V,C), held whole by every rank (model/vocab_shard.hpp).
@@ -80,12 +83,13 @@ float* first_shard_bias(Kernels& k, const SegmentIO& io, int slot, int C) {
 }
 
 // ---- attention half: x(n,C) → x + proj(attn(qkv(ln1 x))). Parameters in AttentionParam order ----
-// Forward → backward: ln1's statistics and output, qkv, the attention probabilities and output. Selective recompute
-// keeps the statistics and qkv (a product) and recomputes the normed input and the attention.
+// Forward → backward: ln1's statistics and output, qkv, the attention's output and the log-sum-exp of each query row
+// (flash style: the probabilities are recomputed from them). Selective recompute keeps the statistics and qkv (a
+// product) and recomputes the normed input and the attention.
 struct AttentionStash {
-  float *ln1_mean, *ln1_rstd;
-  Act ln1, qkv, atty;  // read by products alone (qkv by the attention's)
-  Act att;       // the probabilities: bf16 as a held stash gives them back (kernels.hpp)
+  float *ln1_mean, *ln1_rstd, *lse;
+  Act ln1, qkv;  // read by products alone (qkv by the attention's)
+  Act atty;      // read by proj and by the attention's backward (dy · y): bf16 as a held stash gives it back
   size_t bytes, kept_bytes;
   AttentionStash(StashParts p, const Shape& s) {
     StashCarver c(p);
@@ -93,7 +97,7 @@ struct AttentionStash {
     ln1_rstd = c.keep_exact(s.n);                      // (n)
     qkv = c.keep_act(int64_t(s.n) * 3 * s.A, s.bf16);  // (n,3A): this rank's q, k, v
     c.tail_act(ln1, int64_t(s.n) * s.C, s.bf16);    // (n,C)
-    c.tail_act(att, int64_t(s.b) * s.H * s.T * s.T, s.bf16);  // (b,H,T,T)
+    c.tail_exact(lse, int64_t(s.b) * s.H * s.T);    // (b,H,T)
     c.tail_act(atty, int64_t(s.n) * s.A, s.bf16);   // (n,A)
     c.finish();
     bytes = c.bytes();
@@ -133,10 +137,12 @@ SegmentSizes attention_sizes(const Segment& seg, const ModelDims& d, int samples
   return z;
 }
 
-// The attention's output atty (n,A) from qkv: in fp32 where it is computed (fp32_room), then settled into atty.
+// The attention's output atty (n,A) and lse from qkv (multi-head: KV = H): in fp32 where it is computed (fp32_room),
+// then settled into atty.
 void attend(Kernels& k, const Shape& s, const AttentionStash& st, const SegmentIO& io) {
   float* y = fp32_room(st.atty, io.workspace);
-  k.attention_forward(y, st.att, st.qkv, s.b, s.T, s.A, s.H);
+  k.gqa_attention_forward(y, st.lse, st.qkv, st.qkv.at(s.A), st.qkv.at(2 * s.A), s.b, s.T, s.H, s.H, s.D,
+                          s.fused());
   settle(k, st.atty, y, size_t(s.n) * s.A);
 }
 
@@ -169,7 +175,8 @@ void attention_backward_input(Kernels& k, const Segment&, const ModelDims& d, co
   ws.dout.settle_from(k, io.dout, s.n, s.C);
   k.linear_backward_input(datty, ws.dout.read(io.dout), w[kAttnProjW], s.n, s.A, s.C, false);
   float* dqkv = fp32_room(ws.dqkv.dy, datty + size_t(s.n) * s.A);                     // (n,3A)
-  k.attention_backward(dqkv, datty, st.qkv, st.att, io.scratch, s.b, s.T, s.A, s.H);
+  k.gqa_attention_backward(dqkv, dqkv + s.A, dqkv + 2 * s.A, datty, st.qkv, st.qkv.at(s.A), st.qkv.at(2 * s.A),
+                           st.atty, st.lse, io.scratch, s.b, s.T, s.H, s.H, s.D, s.fused());
   ws.dqkv.settle_from(k, dqkv, s.n, 3 * s.A);
   k.linear_backward_input(ws.dln1, ws.dqkv.dy, w[kQkvW], s.n, s.C, 3 * s.A, false);  // d ln1 out (n,C)
   if (io.shard == 0) k.copy(io.din, io.dout, sizeof(float) * size_t(s.n) * s.C);        // residual path
@@ -189,11 +196,12 @@ void attention_backward_weight(Kernels& k, const Segment&, const ModelDims& d, c
 }
 
 size_t attention_scratch_floats(const Kernels& k, const ModelDims& d, int samples) {
-  return k.attention_scratch_floats(samples, d.seq_len, d.d_model, d.n_heads);  // enough for a rank's heads too
+  const int D = d.d_model / d.n_heads;  // enough for a rank's heads too
+  return k.gqa_attention_scratch_floats(samples, d.seq_len, d.n_heads, d.n_heads, D);
 }
 
-uint64_t attention_scratch_estimate(const ModelDims& d, int, int threads) {
-  return uint64_t(threads) * uint64_t(d.seq_len) * uint64_t(d.seq_len) * sizeof(float);
+uint64_t attention_scratch_estimate(const ModelDims& d, int samples, int threads) {
+  return attention_scratch_estimate_bytes(samples, d.n_heads, d.seq_len, threads);
 }
 
 // Megatron: qkv by rows, each of q, k and v apart (C/k rows of each: H/k heads a rank), proj by columns; the

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "model/act_output.hpp"
+#include "model/attention_scratch.hpp"
 #include "model/product_gradient.hpp"
 #include "model/stash_carver.hpp"
 #include "model/vocab_shard.hpp"
@@ -260,10 +261,7 @@ size_t attention_scratch_floats(const Kernels& k, const ModelDims& d, int sample
 }
 
 uint64_t attention_scratch_estimate(const ModelDims& d, int samples, int threads) {
-  // CPU: two (64 × T) tiles per thread; CUDA: one float per (sequence, head, row)
-  uint64_t cpu = uint64_t(threads) * 2 * 64 * uint64_t(d.seq_len);
-  uint64_t gpu = uint64_t(samples) * uint64_t(d.n_heads) * uint64_t(d.seq_len);
-  return std::max(cpu, gpu) * sizeof(float);
+  return attention_scratch_estimate_bytes(samples, d.n_heads, d.seq_len, threads);
 }
 
 // Megatron: q_proj by rows and o_proj by columns (H/k heads a rank), k_proj and v_proj by rows (KV/k heads) or
