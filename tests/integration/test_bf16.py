@@ -15,7 +15,8 @@ Where a pass's fp32 view would pass a twelfth of a microbatch's held stashes, it
 (each piece's stash held after the one before, so that the view holds one piece): a longer Qwen3 (whose attention
 view keeps its norms' statistics and log-sum-exps, a large share of so narrow a model's stash) compares DP2, ZB-H1 and
 PP2 x DP2 with pieces to one process, and it, configs/quickstart.toml and configs/qwen3-small.toml (4 layers) hold
-their activation peak in bf16 at most 0.55 of fp32's, the compiler's estimate within 2% of the measured peak.
+their activation peak in bf16 at most 0.55 of fp32's (configs/qwen3-moe-small.toml at most 0.62: its routed segments'
+passes go whole), the compiler's estimate within 2% of the measured peak.
 
 Compared: GPT-2 DP2, PP2 x DP2 under 1F1B and DualPipeV, DP2 ZeRO-3, PP2 under ZB-H1 (backward input and weight
 apart, each reading the bf16 stash) and TP2; Qwen3 DP2 and ZeRO-3; Qwen3-MoE EP2 x DP2, whose routed rows are bf16
@@ -95,13 +96,13 @@ def held_in_pieces(d, config, blocks):
           f"({', '.join(sorted({str(n) for n, _, _ in pieces.values()}))} each; each view smaller than its held stash)")
 
 
-def peak_ratio(configs):
-    """bf16's activation peak at most 0.55 of fp32's, the estimates within 2% of the measurements."""
+def peak_ratio(configs, most=0.55):
+    """bf16's activation peak at most `most` of fp32's, the estimates within 2% of the measurements."""
     for config in configs:
         (f, fe), (b, be) = (peak_act(config, p) for p in ("fp32", "bf16"))
-        if b > 0.55 * f or abs(be - b) > 0.02 * b or abs(fe - f) > 0.02 * f:
+        if b > most * f or abs(be - b) > 0.02 * b or abs(fe - f) > 0.02 * f:
             fail(f"{os.path.basename(config)}: activation peak bf16 {b} (estimate {be}) against fp32 {f} (estimate {fe}): "
-                 f"{b / f:.3f} of fp32's, at most 0.55 wanted, estimates within 2%")
+                 f"{b / f:.3f} of fp32's, at most {most} wanted, estimates within 2%")
         print(f"ok  {os.path.basename(config)}: bf16's activation peak {b / 2**20:.1f} MiB is {b / f:.3f} of fp32's {f / 2**20:.1f} MiB "
               f"(estimates {be / b:.4f} and {fe / f:.4f} of the measurements)")
 
@@ -175,6 +176,9 @@ def main():
         fail(f"Qwen3-MoE: bf16 losses {mref[0]}..{mref[-1]} against fp32's {mfp32[0]}..{mfp32[-1]}: not a bf16 run "
              "within 2% of fp32")
     print(f"ok  Qwen3-MoE: after {len(mref)} steps bf16 {mref[-1]:.5f} against fp32 {mfp32[-1]:.5f} (within 2%)")
+    # The experts' SwiGLU stash (g, u, silu(g)·u) and the gradients of g and u are bf16 activations too; a routed
+    # segment's passes do not go by pieces, so its views keep the dispatch's fp32 parts (measured 0.600).
+    peak_ratio([os.path.join(ROOT, "configs", "qwen3-moe-small.toml")], most=0.62)
 
     # A bf16 checkpoint resumes bit for bit under the same strategy.
     ck = os.path.join(d, "ck")

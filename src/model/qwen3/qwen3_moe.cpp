@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/ragged_rows.hpp"
+#include "model/act_output.hpp"
 #include "model/qwen3/qwen3_segments.hpp"
 #include "model/stash_carver.hpp"
 #include "util/error.hpp"
@@ -29,10 +30,12 @@ struct MoeShape {
   // by matmuls alone, which round them anyway; their outputs and the gradients of their inputs are rounded.
   bool bf16_rows;
   int row_words;  // 4-byte words of a routed row, the exchange's unit (backend/ragged_rows.hpp): C, or C/2 in bf16
+  bool bf16;      // the activations only matmuls read are bf16 (ModelDims::bf16_matmul_inputs)
   MoeShape(const ModelDims& d, int samples)
       : b(samples), T(d.seq_len), n(samples * d.seq_len), C(d.d_model), E(d.moe_experts), K(d.moe_top_k),
         DE(d.moe_d_expert), S(moe_shared_width(d)), norm_topk(d.moe_norm_topk_prob), eps(float(d.norm_eps)),
-        bf16_rows(d.bf16_matmul_inputs && d.d_model % 2 == 0), row_words(bf16_rows ? C / 2 : C) {
+        bf16_rows(d.bf16_matmul_inputs && d.d_model % 2 == 0), row_words(bf16_rows ? C / 2 : C),
+        bf16(d.bf16_matmul_inputs) {
     const double factor = d.moe_capacity_factor;
     capacity = factor <= 0 ? T * K : int(std::ceil(factor * double(T) * double(K) / double(E)));
     // worst case: every assignment kept (dropless), or every expert full in every sequence
@@ -171,15 +174,16 @@ struct ExpertsShape : MoeShape {
 
 // A SwiGLU over (rows, width) — the routed experts' rows, or every token through the shared experts:
 // forward → backward, the gate and up projections (kept by selective recompute) and silu(g)·u (recomputed),
-// (rows,width) each.
+// (rows,width) each. With `bf16` (the routed experts of a bf16 run) all three are bf16 activations: a is read by
+// the down product alone, g and u by SwiGLU and its backward as a held stash would give them back; otherwise fp32.
 struct SwigluStash {
-  float *g, *u, *a;
+  Act g, u, a;
   size_t bytes, kept_bytes;
-  SwigluStash(StashParts p, int64_t rows, int width) {
+  SwigluStash(StashParts p, int64_t rows, int width, bool bf16 = false) {
     StashCarver c(p);
-    g = c.keep<float>(rows * width);
-    u = c.keep<float>(rows * width);
-    c.tail(a, rows * width);
+    g = c.keep_act(rows * width, bf16);
+    u = c.keep_act(rows * width, bf16);
+    c.tail_act(a, rows * width, bf16);
     c.finish();
     bytes = c.bytes();
     kept_bytes = c.kept_bytes;
@@ -187,14 +191,14 @@ struct SwigluStash {
   SwigluStash(void* p, int64_t rows, int width) : SwigluStash(StashParts::of(p), rows, width) {}
 };
 
-// Its backward input → backward weight: d g and d u (rows,width) each.
+// Its backward input → backward weight: d g and d u (rows,width) each, read by products alone (bf16 with `bf16`).
 struct SwigluWStash {
-  float *dg, *du;
+  Act dg, du;
   size_t bytes;
-  SwigluWStash(void* p, int64_t rows, int width) {
+  SwigluWStash(void* p, int64_t rows, int width, bool bf16 = false) {
     StashCarver c(p);
-    dg = c.keep<float>(rows * width);
-    du = c.keep<float>(rows * width);
+    dg = c.keep_act(rows * width, bf16);
+    du = c.keep_act(rows * width, bf16);
     bytes = c.bytes();
   }
 };
@@ -222,11 +226,12 @@ SegmentSizes experts_sizes(const Segment& seg, const ModelDims& d, int samples) 
   ExpertsShape s(d, samples, std::max(1, seg.shards));
   SegmentSizes z;
   z.input_bytes = z.out_bytes = RaggedRows::bytes(s.parts, s.rows, s.row_words);
-  const SwigluStash st(StashParts{}, s.rows, s.DE);
+  const SwigluStash st(StashParts{}, s.rows, s.DE, s.bf16);
   z.stash_bytes = st.bytes;
   z.stash_kept_bytes = st.kept_bytes;
-  z.wstash_bytes = SwigluWStash(nullptr, s.rows, s.DE).bytes;
-  // + d(silu(g)·u); with bf16 rows also the fp32 sums before their rounding: outputs (forward), d inputs (backward)
+  z.wstash_bytes = SwigluWStash(nullptr, s.rows, s.DE, s.bf16).bytes;
+  // + d(silu(g)·u) (backward), or in bf16 the fp32 products g, then u, before their rounding (forward); with bf16
+  // rows also the fp32 sums before their rounding: outputs (forward), d inputs (backward)
   z.workspace_bytes = z.wstash_bytes + size_t(s.rows) * s.DE * f + (s.bf16_rows ? size_t(s.rows) * s.C * f : 0);
   z.ragged_parts = s.parts;
   z.ragged_width = s.row_words;
@@ -249,22 +254,33 @@ struct RowSums {
 // SwiGLU and its backward run once over all rows, which the parts fill contiguously from row 0.
 void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(StashParts::of(io), s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE, s.bf16);
   RaggedRows in(io.in, s.parts), out(io.out, s.parts);
   const RowSums y(out.rows, io.workspace, 0, s);  // the outputs (rows,C)
+  // bf16: g, then u, as fp32 products after the outputs' sums (rows,DE), each rounded into the stash
+  float* room = io.workspace + (s.bf16_rows ? size_t(s.rows) * s.C : 0);
+  float *g = fp32_room(st.g, room), *u = fp32_room(st.u, room);
   k.copy(out.counts, in.counts, size_t(s.parts) * i32);
-  std::vector<LinearGroup> gate_up, down;
+  std::vector<LinearGroup> gate, up, down;
   int rows = 0;
   for (const Part& p : parts_of(s, io)) {
     if (p.count == 0) continue;
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     const ConstAct x = s.routed(in.rows).at(xo);  // (count,C)
-    gate_up.push_back({st.g + fo, x, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});  // (count,DE)
-    gate_up.push_back({st.u + fo, x, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, false});    // (count,DE)
-    down.push_back({y.sums + xo, st.a + fo, expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
+    gate.push_back({g + fo, x, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});  // (count,DE)
+    up.push_back({u + fo, x, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, false});      // (count,DE)
+    down.push_back({y.sums + xo, st.a.at(fo), expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
     rows = p.first + p.count;
   }
-  k.linear_forward_grouped(gate_up.data(), int(gate_up.size()));
+  if (st.g.bf16) {  // one projection at a time through the room
+    k.linear_forward_grouped(gate.data(), int(gate.size()));
+    settle(k, st.g, room, size_t(rows) * s.DE);
+    k.linear_forward_grouped(up.data(), int(up.size()));
+    settle(k, st.u, room, size_t(rows) * s.DE);
+  } else {
+    gate.insert(gate.end(), up.begin(), up.end());
+    k.linear_forward_grouped(gate.data(), int(gate.size()));
+  }
   k.swiglu_forward(st.a, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
   k.linear_forward_grouped(down.data(), int(down.size()));  // (count,C) per part
   y.finish(k, rows);
@@ -273,7 +289,7 @@ void experts_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
 // silu(g)·u over the rows received, from the kept projections: what selective recompute redoes.
 void experts_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(StashParts::of(io), s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE, s.bf16);
   int rows = 0;
   for (const Part& p : parts_of(s, io)) rows = p.first + p.count;
   k.swiglu_forward(st.a, st.g, st.u, size_t(rows) * s.DE);  // (rows,DE)
@@ -281,8 +297,8 @@ void experts_rerun_tail(Kernels& k, const Segment&, const ModelDims& d, const Se
 
 void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(StashParts::of(io), s.rows, s.DE);
-  SwigluWStash ws(io.wstash, s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE, s.bf16);
+  SwigluWStash ws(io.wstash, s.rows, s.DE, s.bf16);
   float* da = io.workspace;  // (rows,DE)
   RaggedRows dy(io.dout, s.parts), dx(io.din, s.parts);
   const RowSums dx_sums(dx.rows, io.workspace, size_t(s.rows) * s.DE, s);  // d inputs (rows,C), after da
@@ -294,8 +310,8 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     float* dxp = dx_sums.sums + xo;  // (count,C)
     down.push_back({da + fo, s.routed(dy.rows).at(xo), expert_param(io, p.expert, kDown), p.count, s.DE, s.C, false});
-    gate.push_back({dxp, ws.dg + fo, expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});
-    up.push_back({dxp, ws.du + fo, expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true});
+    gate.push_back({dxp, ws.dg.at(fo), expert_param(io, p.expert, kGate), p.count, s.C, s.DE, false});
+    up.push_back({dxp, ws.du.at(fo), expert_param(io, p.expert, kUp), p.count, s.C, s.DE, true});
     rows = p.first + p.count;
   }
   k.linear_backward_input_grouped(down.data(), int(down.size()));         // da (count,DE) per part
@@ -307,8 +323,8 @@ void experts_backward_input(Kernels& k, const Segment&, const ModelDims& d, cons
 
 void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, const SegmentIO& io) {
   ExpertsShape s(d, io.samples, io.shards);
-  SwigluStash st(StashParts::of(io), s.rows, s.DE);
-  SwigluWStash ws(io.wstash, s.rows, s.DE);
+  SwigluStash st(StashParts::of(io), s.rows, s.DE, s.bf16);
+  SwigluWStash ws(io.wstash, s.rows, s.DE, s.bf16);
   RaggedRows in(io.in, s.parts), dy(io.dout, s.parts);
   std::vector<bool> written(size_t(s.E), false);  // this call has written expert e's gradients
   std::vector<LinearGroup> products;  // parts of one expert (one per source rank) add into its gradients in order
@@ -318,9 +334,9 @@ void experts_backward_weight(Kernels& k, const Segment&, const ModelDims& d, con
     const int64_t xo = int64_t(p.first) * s.C, fo = int64_t(p.first) * s.DE;
     const bool add = written[size_t(p.expert)] || io.accumulate(i);
     const ConstAct x = s.routed(in.rows).at(xo), dyp = s.routed(dy.rows).at(xo);  // (count,C) each
-    products.push_back({io.g[i + kDown], dyp, st.a + fo, p.count, s.DE, s.C, add});   // (C,DE)
-    products.push_back({io.g[i + kGate], ws.dg + fo, x, p.count, s.C, s.DE, add});   // (DE,C)
-    products.push_back({io.g[i + kUp], ws.du + fo, x, p.count, s.C, s.DE, add});     // (DE,C)
+    products.push_back({io.g[i + kDown], dyp, st.a.at(fo), p.count, s.DE, s.C, add});   // (C,DE)
+    products.push_back({io.g[i + kGate], ws.dg.at(fo), x, p.count, s.C, s.DE, add});   // (DE,C)
+    products.push_back({io.g[i + kUp], ws.du.at(fo), x, p.count, s.C, s.DE, add});     // (DE,C)
     written[size_t(p.expert)] = true;
   }
   k.linear_backward_weight_grouped(products.data(), int(products.size()));
@@ -357,8 +373,8 @@ void combine_forward(Kernels& k, const Segment&, const ModelDims& d, const Segme
   float* out = io.out + share.row0 * s.C;                                  // this rank's (n,C)
   if (s.S > 0) {  // out = SwiGLU_shared(h), then the residual and the routed experts are added
     SwigluStash st(io.stash, s.n, s.S);
-    k.linear_forward(st.g, link.h, io.w[kSharedGate], nullptr, s.n, s.C, s.S);  // (n,S)
-    k.linear_forward(st.u, link.h, io.w[kSharedUp], nullptr, s.n, s.C, s.S);    // (n,S)
+    k.linear_forward(st.g.f32(), link.h, io.w[kSharedGate], nullptr, s.n, s.C, s.S);  // (n,S), fp32
+    k.linear_forward(st.u.f32(), link.h, io.w[kSharedUp], nullptr, s.n, s.C, s.S);    // (n,S), fp32
     k.swiglu_forward(st.a, st.g, st.u, size_t(s.n) * s.S);
     k.linear_forward(out, st.a, io.w[kSharedDown], nullptr, s.n, s.S, s.C);     // (n,C)
     k.accumulate(out, link.x, size_t(s.n) * s.C);                              // + residual
