@@ -28,8 +28,8 @@ struct StashParts {
 // how a segment's sizes are made from the same code. finish() places the tail (call it before using tail
 // pointers); kept_bytes and tail_bytes are the parts' sizes. Floats taken by keep() and tail() may be stored in
 // bf16 (a bf16 run's stash); int32 ids and the floats of keep_exact() and tail_exact() (statistics: a norm's rstd,
-// a softmax's log-sum-exp) are stored as they are. keep_act() and tail_act() take an activation that only matmuls read (Act):
-// bf16 bits at 2 bytes each (rounded up to 4) where `bf16` (ModelDims::bf16_matmul_inputs). In a stash held in bf16
+// a softmax's log-sum-exp) are stored as they are. keep_act() and tail_act() take an activation that only matmuls
+// read (Act): bf16 bits at 2 bytes each (rounded up to 4) where `bf16` (ModelDims::bf16_matmul_inputs). In a stash held in bf16
 // (recording its layout, or StashParts::held) such an activation is in place: where the stash is held, in the
 // layout's order, taking no room in the view; kept_bytes and tail_bytes are then the view's.
 class StashCarver {

@@ -324,7 +324,8 @@ void CudaKernels::gqa_attention_forward(float* y, float* lse, ConstAct q, ConstA
     // Head dimensions over 128 (more than the tensor-core kernels hold in shared memory): the fp32 kernel on
     // rounded copies of q, k, v (each over the span of its rows, at its row stride), so that only its
     // probabilities are not rounded for P·v.
-    const size_t nq = view_span(int64_t(B) * T, r.q, int64_t(H) * D), nk = view_span(int64_t(B) * T, r.kv, int64_t(KV) * D);
+    const size_t nq = view_span(int64_t(B) * T, r.q, int64_t(H) * D);
+    const size_t nk = view_span(int64_t(B) * T, r.kv, int64_t(KV) * D);
     auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, nq + 2 * nk)));
     float* rk = rq + nq;
     float* rv = rk + nk;
@@ -355,7 +356,8 @@ void CudaKernels::gqa_attention_backward(float* dq, float* dk, float* dv, const 
     }
     // Head dimensions over 128: the fp32 kernels on rounded copies of q, k, v, dy (P and dS not rounded, and
     // Σ P dP taken as the rounded dy · y).
-    const size_t nq = view_span(int64_t(B) * T, r.q, int64_t(H) * D), nk = view_span(int64_t(B) * T, r.kv, int64_t(KV) * D);
+    const size_t nq = view_span(int64_t(B) * T, r.q, int64_t(H) * D);
+    const size_t nk = view_span(int64_t(B) * T, r.kv, int64_t(KV) * D);
     const size_t ny = size_t(B) * T * H * D;
     auto* rq = static_cast<float*>(t.stream.workspace(sizeof(float) * std::max<size_t>(1, nq + ny + 2 * nk)));
     float* rdy = rq + nq;
